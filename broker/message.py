@@ -1,0 +1,150 @@
+"""The message as it travels publish -> route -> queue -> store -> deliver.
+
+A message keeps its content-header properties as the raw bytes the publisher sent (flags +
+property list): a delivery re-sends them verbatim, so the hot path never decodes or re-encodes
+properties. They are decoded lazily, only by what needs them (headers exchange, TTL,
+dead-lettering, management)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import struct
+from typing import Any
+
+from pamqp import commands
+
+__all__ = ["Message", "next_msg_id", "parse_delivery_mode", "encode_properties"]
+
+# Unique across restarts without coordination: a random 64-bit boot prefix and a counter.
+_BOOT = int.from_bytes(os.urandom(8), "big") << 64
+_counter = itertools.count(1)
+
+_FLAG_CONTENT_TYPE = 0x8000
+_FLAG_CONTENT_ENCODING = 0x4000
+_FLAG_HEADERS = 0x2000
+_FLAG_DELIVERY_MODE = 0x1000
+_ENC_HEAD = struct.Struct(">BBIQ")
+
+
+def next_msg_id() -> int:
+    """A 128-bit id for a message body, unique across broker restarts."""
+    return _BOOT | next(_counter)
+
+
+def parse_delivery_mode(props: bytes) -> int:
+    """delivery_mode from raw property bytes without decoding the rest (0 when absent)."""
+    if len(props) < 2:
+        return 0
+    flags = (props[0] << 8) | props[1]
+    if not flags & _FLAG_DELIVERY_MODE:
+        return 0
+    pos = 2
+    if flags & 1:  # continuation flag words: skip them (no such properties in 0-9-1)
+        while (props[pos - 2] << 8 | props[pos - 1]) & 1:
+            pos += 2
+    if flags & _FLAG_CONTENT_TYPE:
+        pos += 1 + props[pos]
+    if flags & _FLAG_CONTENT_ENCODING:
+        pos += 1 + props[pos]
+    if flags & _FLAG_HEADERS:
+        pos += 4 + int.from_bytes(props[pos : pos + 4], "big")
+    return props[pos]
+
+
+def encode_properties(properties: commands.Basic.Properties) -> bytes:
+    """Raw property bytes (flags + list) for a pamqp Properties object."""
+    return properties.marshal()
+
+
+class Message:
+    """One published message. `props` is the raw property block; `body` the assembled body."""
+
+    __slots__ = (
+        "_properties",
+        "body",
+        "exchange",
+        "expires_at",
+        "msg_id",
+        "persistent",
+        "props",
+        "routing_key",
+    )
+
+    def __init__(
+        self,
+        exchange: str,
+        routing_key: str,
+        props: bytes,
+        body: bytes,
+        msg_id: int = 0,
+    ) -> None:
+        self.msg_id = msg_id or next_msg_id()
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.props = props
+        self.body = body
+        self.persistent = parse_delivery_mode(props) == 2
+        self._properties: commands.Basic.Properties | None = None
+        self.expires_at: float = 0.0  # absolute monotonic deadline set by a queue with TTL
+
+    @property
+    def size(self) -> int:
+        return len(self.body)
+
+    @property
+    def properties(self) -> commands.Basic.Properties:
+        """Decoded properties (pamqp), cached. Raises ValueError on a malformed block."""
+        if self._properties is None:
+            p = commands.Basic.Properties()
+            flags, offset = _read_flags(self.props)
+            p.unmarshal(flags, self.props[offset:])
+            self._properties = p
+        return self._properties
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        if not (len(self.props) >= 2 and self.props[0] & 0x20):  # headers flag (0x2000)
+            return {}
+        return self.properties.headers or {}
+
+    def with_properties(self, properties: commands.Basic.Properties) -> Message:
+        """A copy with new properties (dead-lettering, CC/BCC removal); same body."""
+        m = Message(self.exchange, self.routing_key, encode_properties(properties), self.body)
+        m._properties = properties
+        return m
+
+    # -- the on-disk form, used by the message stores and the queue index -------------------
+    def encode(self) -> bytes:
+        ex = self.exchange.encode()
+        rk = self.routing_key.encode()
+        head = _ENC_HEAD.pack(len(ex), len(rk), len(self.props), 0)
+        return b"".join((head, ex, rk, self.props, self.body))
+
+    @classmethod
+    def decode(cls, data: bytes, msg_id: int) -> Message:
+        lex, lrk, lprops, _ = _ENC_HEAD.unpack_from(data)
+        pos = _ENC_HEAD.size
+        ex = data[pos : pos + lex].decode()
+        pos += lex
+        rk = data[pos : pos + lrk].decode()
+        pos += lrk
+        props = bytes(data[pos : pos + lprops])
+        pos += lprops
+        return cls(ex, rk, props, bytes(data[pos:]), msg_id)
+
+    def __repr__(self) -> str:
+        return f"<Message {self.msg_id:x} {self.exchange!r}/{self.routing_key!r} {self.size}B>"
+
+
+def _read_flags(props: bytes) -> tuple[int, int]:
+    flags, pos, word = 0, 0, 0
+    while True:
+        if len(props) < pos + 2:
+            raise ValueError("content header flags are truncated")
+        part = (props[pos] << 8) | props[pos + 1]
+        flags |= part << (word * 16)
+        pos += 2
+        if not part & 1:
+            return flags, pos
+        word += 1
