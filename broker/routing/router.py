@@ -34,11 +34,7 @@ _HEADERS_FLAG = 0x20  # high byte of the property flags: 0x2000 is "headers pres
 def routing_keys(message: Message) -> list[str]:
     """The routing key followed by the CC and BCC keys (rabbit_basic:header_routes)."""
     keys = [message.routing_key]
-    props = message.props
-    # Look for the field names in the raw bytes first: most messages never decode properties.
-    if not (
-        len(props) >= 2 and props[0] & _HEADERS_FLAG and (b"\x02CC" in props or b"\x03BCC" in props)
-    ):
+    if not _may_have_cc(message.props):
         return keys
     headers = message.headers
     for name in ("CC", "BCC"):
@@ -64,16 +60,27 @@ def route(
     exchange: Exchange, message: Message, lookup: Callable[[str], Exchange | None]
 ) -> set[object]:
     """Queue destinations for `message` published to `exchange` (see the module doc)."""
-    keys = routing_keys(message)
-    if len(keys) == 1 and not exchange._exchange_dests:
-        dests = exchange.route(keys[0], message)
+    keys = routing_keys(message) if _may_have_cc(message.props) else None
+    if (keys is None or len(keys) == 1) and not exchange._exchange_dests:
+        dests = exchange.route(message.routing_key, message)
         if dests:
             # Exchanges return either a fresh set (topic, headers) or an index dict that must
             # not leak out; only the fresh set may be handed over without a copy.
             return dests if type(dests) is set else set(dests)
         if exchange.alternate_exchange is None:
             return set()
-    return _route_graph(exchange, message, keys, lookup)
+    return _route_graph(exchange, message, keys or [message.routing_key], lookup)
+
+
+def _may_have_cc(props: bytes) -> bool:
+    """Whether the raw properties may hold a CC or BCC header: the field names are searched in
+    the bytes, so most publishes never decode their properties here (a false hit only costs
+    the decode)."""
+    return (
+        len(props) >= 2
+        and props[0] & _HEADERS_FLAG != 0
+        and (b"\x02CC" in props or b"\x03BCC" in props)
+    )
 
 
 def _route_graph(

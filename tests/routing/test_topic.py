@@ -191,3 +191,12 @@ def test_unbinding_everything_leaves_only_the_root(bindings: list[tuple[str, int
         assert x.unbind(d, k)
     assert x.node_count() == 1
     assert not x.has_bindings()
+
+
+def test_bench_setup_routes_the_expected_queues() -> None:
+    from broker.routing.bench_routing import topic_exchange
+
+    x = topic_exchange(100)
+    assert x.route("stock.S1.nyse", msg()) == {"q5", "q6", "q7", "hash-all"}
+    # "#.S1" (q9) and "*.S2.#" (q12); "stock.#.S1" (q8) needs the "stock" prefix
+    assert x.route("other.S2.x.S1", msg()) == {"q9", "q12", "hash-all"}
