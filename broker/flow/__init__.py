@@ -1,0 +1,1 @@
+"""Back-pressure: credit flow between actors, memory and disk monitors, resource alarms."""
