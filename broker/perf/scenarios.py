@@ -1,0 +1,536 @@
+"""The eight scenarios. The orchestrator (this process) declares each scenario's queues and
+exchanges under fresh names on a control connection, starts publisher and consumer processes,
+lines them up (all ready, then go), collects their timings, and deletes what it declared.
+
+A run returns flat figures (floats); `run_scenario` repeats it and keeps the medians."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import statistics
+import time
+import uuid
+from array import array
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from pamqp import commands
+
+from broker.perf.client import AmqpClient, BrokerClosed, connect
+from broker.perf.wire import parse_url
+from broker.perf.workers import (
+    ConsumerSpec,
+    IdleSpec,
+    PublisherSpec,
+    consumer_main,
+    idle_main,
+    publisher_main,
+)
+
+__all__ = ["SCENARIOS", "Params", "Report", "Scenario", "run_scenario"]
+
+# spawn, not fork: the caller may be inside a running event loop (pytest, the broker's own
+# tests), and a forked child would inherit that loop's state
+_MP = multiprocessing.get_context("spawn")
+_SETTLE_S = 1.0  # before reading RSS: let the broker finish allocating and collecting
+
+
+@dataclass(slots=True)
+class Params:
+    url: str
+    count: int
+    size: int
+    pid: int | None = None
+    rate: float = 5000.0
+    connections: int = 800
+
+    @property
+    def timeout_s(self) -> float:
+        # bounded, yet generous for a slow broker: a minute plus 1 ms per message
+        return 60.0 + self.count / 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    doc: str
+    run: Callable[[Params], Awaitable[dict[str, float]]]
+    count: int  # default message count (for idle: connections)
+    size: int
+    quick_count: int
+    metrics: tuple[tuple[str, str], ...]  # (key, label) shown in tables; the first is headline
+
+
+@dataclass(slots=True)
+class Report:
+    scenario: str
+    url: str
+    params: dict[str, Any]
+    runs: list[dict[str, float]] = field(default_factory=list)
+    median: dict[str, float] = field(default_factory=dict)
+
+
+# -- processes ----------------------------------------------------------------------------
+async def _recv(conn: Connection, timeout: float) -> tuple[str, Any]:
+    """A pipe message without blocking the loop (a broker may be running on this loop)."""
+    loop = asyncio.get_running_loop()
+    if not conn.poll():
+        ready: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        loop.add_reader(conn.fileno(), readable)
+        try:
+            await asyncio.wait_for(ready, timeout)
+        finally:
+            loop.remove_reader(conn.fileno())
+    try:
+        message: tuple[str, Any] = conn.recv()
+    except EOFError:
+        return ("error", "worker exited without a word")
+    return message
+
+
+class _Crew:
+    """The worker processes of one run: started together, released together, always reaped."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.members: list[tuple[BaseProcess, Connection, str]] = []
+
+    def start(self, target: Callable[[Connection, Any], None], spec: Any, role: str) -> int:
+        parent, child = _MP.Pipe()
+        proc = _MP.Process(target=target, args=(child, spec), name=f"hare-perf-{role}")
+        proc.start()
+        child.close()
+        self.members.append((proc, parent, role))
+        return len(self.members) - 1
+
+    async def _expect(self, index: int, kind: str) -> Any:
+        _, conn, role = self.members[index]
+        what, payload = await _recv(conn, self.timeout_s + 30.0)
+        if what == "error":
+            raise RuntimeError(f"{role}: {payload}")
+        if what != kind:
+            raise RuntimeError(f"{role}: expected {kind}, got {what}")
+        return payload
+
+    async def ready(self, indexes: list[int] | None = None) -> list[Any]:
+        indexes = list(range(len(self.members))) if indexes is None else indexes
+        return [await self._expect(i, "ready") for i in indexes]
+
+    def go(self, indexes: list[int] | None = None) -> None:
+        indexes = list(range(len(self.members))) if indexes is None else indexes
+        for i in indexes:
+            self.members[i][1].send("go")
+
+    async def result(self, index: int) -> dict[str, Any]:
+        result: dict[str, Any] = await self._expect(index, "result")
+        return result
+
+    async def close(self) -> None:
+        for proc, conn, _ in self.members:
+            deadline = time.monotonic() + 10.0
+            while proc.is_alive() and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            if proc.is_alive():
+                proc.terminate()
+            proc.join(5.0)
+            conn.close()
+        self.members.clear()
+
+
+# -- control connection -------------------------------------------------------------------
+class _Control:
+    """Declares and (always) deletes a run's queues and exchanges, under unique names."""
+
+    def __init__(self, client: AmqpClient, scenario: str) -> None:
+        self.client = client
+        self.prefix = f"hare-perf.{scenario}.{uuid.uuid4().hex[:8]}"
+        self.queues: list[str] = []
+        self.exchanges: list[str] = []
+
+    async def queue(self, suffix: str = "q", durable: bool = False) -> str:
+        name = f"{self.prefix}.{suffix}"
+        await self.client.rpc(1, commands.Queue.Declare(queue=name, durable=durable))
+        self.queues.append(name)
+        return name
+
+    async def exchange(self, kind: str, suffix: str = "x") -> str:
+        name = f"{self.prefix}.{suffix}"
+        await self.client.rpc(1, commands.Exchange.Declare(exchange=name, exchange_type=kind))
+        self.exchanges.append(name)
+        return name
+
+    async def bind(self, queue: str, exchange: str, key: str) -> None:
+        await self.client.rpc(
+            1, commands.Queue.Bind(queue=queue, exchange=exchange, routing_key=key)
+        )
+
+    async def depth(self, queue: str) -> int:
+        reply = await self.client.rpc(1, commands.Queue.Declare(queue=queue, passive=True))
+        assert isinstance(reply, commands.Queue.DeclareOk)
+        return int(reply.message_count)
+
+    async def cleanup(self) -> None:
+        for queue in self.queues:
+            await self.client.rpc(1, commands.Queue.Delete(queue=queue), timeout=120.0)
+        for exchange in self.exchanges:
+            await self.client.rpc(1, commands.Exchange.Delete(exchange=exchange))
+
+
+async def _with_control(
+    p: Params, scenario: str, body: Callable[[_Control, _Crew], Awaitable[dict[str, float]]]
+) -> dict[str, float]:
+    client = await connect(parse_url(p.url), timestamps=False)
+    crew = _Crew(p.timeout_s)
+    try:
+        await client.open_channel(1)
+        control = _Control(client, scenario)
+        try:
+            return await body(control, crew)
+        finally:
+            await crew.close()
+            if not client.closed.done():
+                await control.cleanup()
+    finally:
+        await client.close()
+
+
+# -- figures ------------------------------------------------------------------------------
+def _rate(count: int, t0: int, t1: int) -> float:
+    return count / max(t1 - t0, 1) * 1e9
+
+
+def _latency(blobs: list[bytes]) -> dict[str, float]:
+    values = array("q")
+    for blob in blobs:
+        values.frombytes(blob)
+    if not values:
+        return {}
+    ordered = sorted(values)
+    last = len(ordered) - 1
+
+    def pick(q: float) -> float:
+        return ordered[round(q * last)] / 1e6
+
+    return {"p50_ms": pick(0.50), "p99_ms": pick(0.99), "max_ms": ordered[-1] / 1e6}
+
+
+def rss_kib(pid: int) -> int:
+    """VmRSS of a process from /proc (Linux), in KiB."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+async def _settled_rss(pid: int) -> int:
+    await asyncio.sleep(_SETTLE_S)
+    return rss_kib(pid)
+
+
+def _publisher(p: Params, exchange: str, keys: list[str], **kw: Any) -> PublisherSpec:
+    return PublisherSpec(p.url, exchange, keys, p.count, p.size, p.timeout_s, **kw)
+
+
+async def _fill(crew: _Crew, p: Params, queue: str) -> dict[str, Any]:
+    """Publish p.count messages to `queue` and wait until the broker holds them all."""
+    pub = crew.start(publisher_main, _publisher(p, "", [queue], wait_queue=queue), "filler")
+    await crew.ready([pub])
+    crew.go([pub])
+    return await crew.result(pub)
+
+
+# -- the scenarios ------------------------------------------------------------------------
+async def publish_only(p: Params) -> dict[str, float]:
+    async def body(ctl: _Control, crew: _Crew) -> dict[str, float]:
+        queue = await ctl.queue()
+        r = await _fill(crew, p, queue)
+        return {
+            "msg_s": _rate(p.count, r["t_start"], r["t_done"]),
+            "write_msg_s": _rate(p.count, r["t_start"], r["t_written"]),
+            "published": p.count,
+            "delivered": float(await ctl.depth(queue)),
+        }
+
+    return await _with_control(p, "publish-only", body)
+
+
+async def drain(p: Params) -> dict[str, float]:
+    async def body(ctl: _Control, crew: _Crew) -> dict[str, float]:
+        queue = await ctl.queue()
+        await _fill(crew, p, queue)
+        # timestamps off: a backlog's age says nothing about the broker
+        spec = ConsumerSpec(
+            p.url, [queue], [p.count], p.timeout_s, consume_on_go=True, timestamps=False
+        )
+        con = crew.start(consumer_main, spec, "consumer")
+        await crew.ready([con])
+        crew.go([con])
+        r = await crew.result(con)
+        return {
+            "msg_s": _rate(r["delivered"], r["t_go"], r["t_last"]),
+            "published": p.count,
+            "delivered": r["delivered"],
+        }
+
+    return await _with_control(p, "drain", body)
+
+
+async def _pubsub(p: Params, scenario: str, rate: float) -> dict[str, float]:
+    async def body(ctl: _Control, crew: _Crew) -> dict[str, float]:
+        queue = await ctl.queue()
+        con = crew.start(
+            consumer_main, ConsumerSpec(p.url, [queue], [p.count], p.timeout_s), "consumer"
+        )
+        pub = crew.start(publisher_main, _publisher(p, "", [queue], rate=rate), "publisher")
+        await crew.ready()
+        crew.go()
+        rp = await crew.result(pub)
+        rc = await crew.result(con)
+        return {
+            "msg_s": _rate(rc["delivered"], rp["t_start"], rc["t_last"]),
+            **_latency([rc["latencies_ns"]]),
+            "published": rp["published"],
+            "delivered": rc["delivered"],
+        }
+
+    return await _with_control(p, scenario, body)
+
+
+async def pubsub(p: Params) -> dict[str, float]:
+    return await _pubsub(p, "pubsub", 0.0)
+
+
+async def latency(p: Params) -> dict[str, float]:
+    return await _pubsub(p, "latency", p.rate)
+
+
+_TOPIC_QUEUES = 50
+_TOPIC_GROUPS = 5  # queue i is bound to group i % 5, so each message reaches 10 queues
+
+
+async def topic(p: Params) -> dict[str, float]:
+    async def body(ctl: _Control, crew: _Crew) -> dict[str, float]:
+        exchange = await ctl.exchange("topic")
+        queues = [await ctl.queue(f"q{i}") for i in range(_TOPIC_QUEUES)]
+        for i, queue in enumerate(queues):
+            # wildcards on both sides, so the broker's topic matching is what is measured
+            await ctl.bind(queue, exchange, f"*.g{i % _TOPIC_GROUPS}.#")
+        keys = [f"perf.g{g}.tick" for g in range(_TOPIC_GROUPS)]
+        per_group = [
+            p.count // _TOPIC_GROUPS + (1 if g < p.count % _TOPIC_GROUPS else 0)
+            for g in range(_TOPIC_GROUPS)
+        ]
+        expected = [per_group[i % _TOPIC_GROUPS] for i in range(_TOPIC_QUEUES)]
+        con = crew.start(
+            consumer_main, ConsumerSpec(p.url, queues, expected, p.timeout_s), "consumers"
+        )
+        pub = crew.start(publisher_main, _publisher(p, exchange, keys), "publisher")
+        await crew.ready()
+        crew.go()
+        rp = await crew.result(pub)
+        rc = await crew.result(con)
+        return {
+            "msg_s": _rate(rc["delivered"], rp["t_start"], rc["t_last"]),
+            **_latency([rc["latencies_ns"]]),
+            "published": rp["published"] * (_TOPIC_QUEUES // _TOPIC_GROUPS),
+            "delivered": rc["delivered"],
+        }
+
+    return await _with_control(p, "topic", body)
+
+
+async def idle_connections(p: Params) -> dict[str, float]:
+    async def body(ctl: _Control, crew: _Crew) -> dict[str, float]:
+        before = await _settled_rss(p.pid) if p.pid else 0
+        idle = crew.start(idle_main, IdleSpec(p.url, p.connections, p.timeout_s), "idle")
+        (info,) = await crew.ready([idle])
+        after = await _settled_rss(p.pid) if p.pid else 0
+        crew.go([idle])
+        r = await crew.result(idle)
+        figures = {
+            "conn_s": _rate(r["opened"], info["t0"], info["t_open"]),
+            "published": float(p.connections),
+            "delivered": float(r["alive"]),
+        }
+        if p.pid:
+            figures = {"kib_per_conn": (after - before) / p.connections, **figures}
+        return figures
+
+    return await _with_control(p, "idle", body)
+
+
+async def persistent_confirms(p: Params) -> dict[str, float]:
+    async def body(ctl: _Control, crew: _Crew) -> dict[str, float]:
+        queue = await ctl.queue(durable=True)
+        spec = _publisher(p, "", [queue], persistent=True, confirms=True, max_inflight=1000)
+        pub = crew.start(publisher_main, spec, "publisher")
+        await crew.ready([pub])
+        crew.go([pub])
+        r = await crew.result(pub)
+        return {
+            "msg_s": _rate(p.count, r["t_start"], r["t_done"]),
+            "published": p.count,
+            "delivered": float(r["confirmed"]),
+        }
+
+    return await _with_control(p, "persistent", body)
+
+
+async def backlog_memory(p: Params) -> dict[str, float]:
+    async def body(ctl: _Control, crew: _Crew) -> dict[str, float]:
+        queue = await ctl.queue()
+        before = await _settled_rss(p.pid) if p.pid else 0
+        r = await _fill(crew, p, queue)
+        after = await _settled_rss(p.pid) if p.pid else 0
+        spec = ConsumerSpec(
+            p.url, [queue], [p.count], p.timeout_s, consume_on_go=True, timestamps=False
+        )
+        con = crew.start(consumer_main, spec, "consumer")
+        await crew.ready([con])
+        crew.go([con])
+        rc = await crew.result(con)
+        figures = {
+            "publish_msg_s": _rate(p.count, r["t_start"], r["t_done"]),
+            "drain_s": (rc["t_last"] - rc["t_go"]) / 1e9,
+            "drain_msg_s": _rate(rc["delivered"], rc["t_go"], rc["t_last"]),
+            "published": p.count,
+            "delivered": rc["delivered"],
+        }
+        if p.pid:
+            figures = {"bytes_per_msg": (after - before) * 1024 / p.count, **figures}
+        return figures
+
+    return await _with_control(p, "backlog", body)
+
+
+_RATE = (("msg_s", "msg/s"),)
+_LAT = (("msg_s", "msg/s"), ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"))
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            "publish-only",
+            "transient publishes to a queue with no consumer, confirms off",
+            publish_only,
+            300_000,
+            256,
+            2_000,
+            (*_RATE, ("write_msg_s", "written msg/s")),
+        ),
+        Scenario(
+            "drain",
+            "consume a backlog: prefetch 1000, multiple ack every 100",
+            drain,
+            300_000,
+            256,
+            2_000,
+            _RATE,
+        ),
+        Scenario(
+            "pubsub",
+            "one publisher and one consumer at full speed (deliveries/s)",
+            pubsub,
+            300_000,
+            256,
+            2_000,
+            _LAT,
+        ),
+        Scenario(
+            "latency",
+            "paced publisher (--rate, 5000 msg/s) and a consumer: end-to-end",
+            latency,
+            50_000,
+            256,
+            1_000,
+            (("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"), *_RATE),
+        ),
+        Scenario(
+            "topic",
+            "topic exchange, 50 queues, 10-way fan-out, 50 consumers (deliveries/s)",
+            topic,
+            30_000,
+            256,
+            1_000,
+            _LAT,
+        ),
+        Scenario(
+            "idle",
+            "open idle connections (one channel each); broker RSS per connection",
+            idle_connections,
+            800,
+            0,
+            20,
+            (("kib_per_conn", "KiB/conn"), ("conn_s", "conn/s")),
+        ),
+        Scenario(
+            "persistent",
+            "durable queue, delivery_mode 2, confirms, 1000 in flight",
+            persistent_confirms,
+            100_000,
+            1024,
+            2_000,
+            _RATE,
+        ),
+        Scenario(
+            "backlog",
+            "transient backlog, no consumer: RSS per message, then drain",
+            backlog_memory,
+            1_000_000,
+            1024,
+            2_000,
+            (
+                ("bytes_per_msg", "B/msg"),
+                ("publish_msg_s", "publish msg/s"),
+                ("drain_msg_s", "drain msg/s"),
+                ("drain_s", "drain s"),
+            ),
+        ),
+    )
+}
+
+
+async def run_scenario(
+    name: str,
+    url: str,
+    count: int | None = None,
+    size: int | None = None,
+    runs: int = 1,
+    pid: int | None = None,
+    quick: bool = False,
+    rate: float = 5000.0,
+) -> Report:
+    """Run a scenario `runs` times and keep per-figure medians. For `idle`, count is the
+    number of connections."""
+    scenario = SCENARIOS[name]
+    n = count if count is not None else (scenario.quick_count if quick else scenario.count)
+    params = Params(
+        url=url,
+        count=n,
+        size=size if size is not None else scenario.size,
+        pid=pid,
+        rate=rate,
+        connections=n,
+    )
+    report = Report(
+        scenario=name,
+        url=parse_url(url).redacted(),
+        params={"count": params.count, "size": params.size, "runs": runs, "pid": pid},
+    )
+    for _ in range(max(1, runs)):
+        try:
+            report.runs.append(await scenario.run(params))
+        except BrokerClosed as exc:
+            raise RuntimeError(f"{name}: {exc}") from exc
+    keys = [k for k in report.runs[0] if all(k in run for run in report.runs)]
+    report.median = {k: float(statistics.median(run[k] for run in report.runs)) for k in keys}
+    return report

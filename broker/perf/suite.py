@@ -1,0 +1,73 @@
+"""python -m broker.perf.suite --url URL [--url URL2 ...] [--pid PID ...] [--quick] [--out FILE]
+
+Runs every scenario against each URL in turn (never two brokers at once: they share the
+machine's cores) and prints one table with the ratios of each URL to the first."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import uvloop
+
+from broker.perf.cli import DEFAULT_URL
+from broker.perf.report import format_report, format_table, to_json
+from broker.perf.scenarios import SCENARIOS, Report, run_scenario
+
+__all__ = ["main", "run_suite"]
+
+
+async def run_suite(
+    urls: list[str],
+    pids: list[int | None] | None = None,
+    quick: bool = False,
+    runs: int = 1,
+    scenarios: list[str] | None = None,
+    counts: dict[str, int] | None = None,
+    verbose: bool = False,
+) -> list[list[Report]]:
+    """reports[u][s] for URL u and scenario s. `counts` overrides a scenario's count."""
+    pids = pids or [None] * len(urls)
+    names = scenarios or list(SCENARIOS)
+    counts = counts or {}
+    results: list[list[Report]] = []
+    for url, pid in zip(urls, pids, strict=True):
+        reports = []
+        for name in names:
+            report = await run_scenario(
+                name, url, count=counts.get(name), runs=runs, pid=pid, quick=quick
+            )
+            if verbose:
+                print(format_report(report), flush=True)
+            reports.append(report)
+        results.append(reports)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m broker.perf.suite", description=__doc__)
+    parser.add_argument("--url", action="append", help=f"repeatable (default {DEFAULT_URL})")
+    parser.add_argument("--pid", action="append", type=int, help="broker PID per --url")
+    parser.add_argument("--quick", action="store_true", help="small counts (smoke test)")
+    parser.add_argument("--runs", type=int, default=1, help="repeat and report medians")
+    parser.add_argument("--only", action="append", choices=sorted(SCENARIOS), help="repeatable")
+    parser.add_argument("--out", help="also write the reports as JSON to this file")
+    args = parser.parse_args(argv)
+    urls = args.url or [DEFAULT_URL]
+    pids: list[int | None] = list(args.pid or [])
+    if len(pids) > len(urls):
+        parser.error("more --pid than --url")
+    pids += [None] * (len(urls) - len(pids))
+    only = [name for name in SCENARIOS if name in args.only] if args.only else None
+    results = uvloop.run(run_suite(urls, pids, args.quick, args.runs, only, verbose=True))
+    print()
+    print(format_table(results))
+    if args.out:
+        with open(args.out, "w") as out:
+            json.dump([to_json(r) for r in results], out, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
