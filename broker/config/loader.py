@@ -1,0 +1,184 @@
+"""Loading Settings: defaults <- TOML file <- HARE_* environment <- command-line flags.
+
+Every problem becomes one ConfigError line naming the key and where it came from, so the CLI
+can print it and exit 2 instead of showing a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import os
+import sys
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+
+from broker.config.settings import ENV_PREFIX, Settings, env_name, flag_name, key_info
+
+__all__ = ["CONFIG_ENV", "ConfigError", "build_arg_parser", "load_settings"]
+
+CONFIG_ENV = ENV_PREFIX + "CONFIG"  # path of the TOML file when --config is not given
+
+
+class ConfigError(Exception):
+    """A configuration problem, as one line fit to print before exiting with status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse would print usage and exit; a bad flag is a config error like any other.
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"command line: {message}")
+
+
+def _suggest(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _shown_default(f: dataclasses.Field[Any]) -> str:
+    if f.metadata["secret"]:
+        return "set"
+    value = f.default
+    if isinstance(value, tuple):
+        return ",".join(str(item) for item in value) or "none"
+    return repr(value) if value == "" else str(value)
+
+
+def build_arg_parser(prog: str = "hare-server") -> argparse.ArgumentParser:
+    """The flags of hare-server: --config plus one --<key> per key that is not file-only."""
+    parser = _Parser(
+        prog=prog,
+        description="Hare, an AMQP 0-9-1 message broker. Settings come from defaults, then "
+        f"the TOML file (--config or {CONFIG_ENV}), then HARE_* variables, then these flags.",
+        allow_abbrev=False,  # --po must not quietly mean --port
+        argument_default=argparse.SUPPRESS,  # absent flags leave the key to env and file
+    )
+    parser.add_argument("--config", metavar="PATH", help=f"TOML settings file [env {CONFIG_ENV}]")
+    for name, f in key_info().items():
+        if f.metadata["file_only"]:
+            continue
+        parser.add_argument(
+            flag_name(name),
+            dest=name,
+            metavar=name.upper(),
+            help=f"{f.metadata['help']} [env {env_name(name)}; default {_shown_default(f)}]",
+        )
+    return parser
+
+
+def _parse_flags(argv: list[str]) -> dict[str, Any]:
+    parser = build_arg_parser()
+    namespace, extra = parser.parse_known_args(argv)
+    if extra:
+        known = [flag for action in parser._actions for flag in action.option_strings]
+        word = extra[0].split("=", 1)[0]
+        if word.startswith("-"):
+            raise ConfigError(f"flag {word}: unknown{_suggest(word, known)}")
+        raise ConfigError(f"command line: unexpected argument {word!r}")
+    return vars(namespace)
+
+
+def _parse(name: str, raw: object, from_text: bool, where: str) -> Any:
+    try:
+        return key_info()[name].metadata["parse"](raw, from_text)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _from_file(path: Path) -> dict[str, tuple[Any, str]]:
+    try:
+        with path.open("rb") as fh:
+            document = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: not found") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: invalid TOML: {exc}") from None
+    keys = key_info()
+    found: dict[str, tuple[Any, str]] = {}
+    for name, raw in document.items():
+        if name not in keys:
+            hint = _suggest(name, list(keys))
+            if isinstance(raw, dict):
+                hint += "; keys are flat, write them at the top level without [sections]"
+            raise ConfigError(f"config file {path}: unknown key {name!r}{hint}")
+        where = f"config file {path}: {name}"
+        found[name] = (_parse(name, raw, False, where), where)
+    return found
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
+    keys = key_info()
+    by_var = {env_name(name): name for name, f in keys.items()}
+    found: dict[str, tuple[Any, str]] = {}
+    for var in sorted(env):
+        if not var.startswith(ENV_PREFIX) or var == CONFIG_ENV:
+            continue
+        name = by_var.get(var)
+        where = f"environment variable {var}"
+        if name is None:
+            hint = _suggest(var, [*by_var, CONFIG_ENV])
+            raise ConfigError(f"{where}: not a Hare setting{hint}")
+        if keys[name].metadata["file_only"]:
+            raise ConfigError(f"{where}: {name} can only be set in the config file")
+        found[name] = (_parse(name, env[var], True, where), where)
+    return found
+
+
+def _from_flags(flags: dict[str, Any]) -> dict[str, tuple[Any, str]]:
+    found: dict[str, tuple[Any, str]] = {}
+    for name, raw in flags.items():
+        where = f"flag {flag_name(name)}"
+        found[name] = (_parse(name, raw, True, where), where)
+    return found
+
+
+def _check_together(values: dict[str, Any], origin: dict[str, str]) -> None:
+    """Rules that span keys; the message names where each side was set."""
+
+    def said(name: str) -> str:
+        return f"{name} ({origin.get(name, 'default')})"
+
+    if values["credit_flow_more_credit_after"] > values["credit_flow_initial_credit"]:
+        raise ConfigError(
+            f"{said('credit_flow_more_credit_after')} must not exceed "
+            f"{said('credit_flow_initial_credit')}"
+        )
+    user_names = {values["default_user"], *(user.name for user in values["users"])}
+    vhost_names = {values["default_vhost"], *values["vhosts"]}
+    for index, permission in enumerate(values["permissions"]):
+        where = f"{origin.get('permissions')}: entry {index + 1}"
+        if permission.user not in user_names:
+            raise ConfigError(f"{where}: user {permission.user!r} is not declared in users")
+        if permission.vhost not in vhost_names:
+            raise ConfigError(f"{where}: vhost {permission.vhost!r} is not declared in vhosts")
+
+
+def load_settings(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Build Settings from the file, environment and flags; raise ConfigError on any problem.
+
+    `argv` defaults to sys.argv[1:] and `env` to os.environ; pass them to load in isolation.
+    `--help` prints the flags and raises SystemExit(0), as argparse does.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    env = os.environ if env is None else env
+    flags = _parse_flags(argv)
+    config_path = flags.pop("config", None) or env.get(CONFIG_ENV) or None
+
+    layers: list[dict[str, tuple[Any, str]]] = []
+    if config_path is not None:
+        layers.append(_from_file(Path(config_path).expanduser()))
+    layers += [_from_env(env), _from_flags(flags)]
+
+    values = {name: f.default for name, f in key_info().items()}
+    origin: dict[str, str] = {}
+    for layer in layers:  # later layers win
+        for name, (value, where) in layer.items():
+            values[name] = value
+            origin[name] = where
+    _check_together(values, origin)
+    return Settings(**values)

@@ -1,0 +1,225 @@
+"""The Settings object: every tunable of the broker, its default and what values it accepts.
+
+One flat, frozen dataclass. A field's name is its TOML key; `HARE_<NAME>` is its environment
+variable and `--<name-with-dashes>` its flag, so the three sources map one to one. Each field's
+metadata carries its parser (see values.py) and the help text shown by `hare-server --help`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from broker.config import values as v
+from broker.config.values import (
+    Fsync,
+    LogFormat,
+    MemoryWatermark,
+    Parser,
+    PermissionSpec,
+    Unroutable,
+    UserSpec,
+)
+
+__all__ = ["ENV_PREFIX", "Settings", "env_name", "flag_name", "key_info"]
+
+ENV_PREFIX = "HARE_"
+_MiB = 1024 * 1024
+
+
+def _m(
+    parse: Parser, help: str, *, file_only: bool = False, secret: bool = False
+) -> dict[str, Any]:
+    return {"parse": parse, "help": help, "file_only": file_only, "secret": secret}
+
+
+@dataclass(frozen=True)
+class Settings:
+    # listeners
+    host: str = field(
+        default="",
+        metadata=_m(
+            v.string_value, "AMQP listener address; empty means all interfaces, IPv4 and IPv6"
+        ),
+    )
+    port: int = field(
+        default=5672, metadata=_m(v.int_value(0, 65535), "AMQP listener port (0: any free port)")
+    )
+    data_dir: Path = field(
+        default=Path("./data"),
+        metadata=_m(v.path_value, "directory of the message store, queue indexes and definitions"),
+    )
+    # connection tuning, offered in connection.tune
+    frame_max: int = field(
+        default=131072, metadata=_m(v.int_value(4096, 2**32 - 1), "largest frame in bytes")
+    )
+    heartbeat_s: int = field(
+        default=60, metadata=_m(v.int_value(0, 65535), "heartbeat interval offered (0: off)")
+    )
+    channel_max: int = field(
+        default=2047,
+        metadata=_m(
+            v.int_value(0, 65535), "most channels per connection (0: no limit but the protocol's)"
+        ),
+    )
+    handshake_timeout_s: float = field(
+        default=10.0,
+        metadata=_m(
+            v.float_value(0, lo_open=True), "time a client has to finish the AMQP handshake"
+        ),
+    )
+    # access control
+    default_vhost: str = field(
+        default="/", metadata=_m(v.nonempty_string_value, "vhost created on first boot")
+    )
+    default_user: str = field(
+        default="guest", metadata=_m(v.nonempty_string_value, "user created on first boot")
+    )
+    default_pass: str = field(
+        default="guest",
+        repr=False,
+        metadata=_m(v.string_value, "password of default_user", secret=True),
+    )
+    loopback_users: tuple[str, ...] = field(
+        default=("guest",),
+        metadata=_m(
+            v.string_list_value,
+            "users that may only connect from localhost (comma-separated in env and flags)",
+        ),
+    )
+    users: tuple[UserSpec, ...] = field(
+        default=(),
+        metadata=_m(v.users_value, "users to declare at boot ([[users]] tables)", file_only=True),
+    )
+    vhosts: tuple[str, ...] = field(
+        default=(),
+        metadata=_m(v.string_list_value, "vhosts to declare at boot besides default_vhost"),
+    )
+    permissions: tuple[PermissionSpec, ...] = field(
+        default=(),
+        metadata=_m(
+            v.permissions_value,
+            "permissions to set at boot ([[permissions]] tables)",
+            file_only=True,
+        ),
+    )
+    # credit flow (rabbit's credit_flow_default_credit = {400, 200})
+    credit_flow_initial_credit: int = field(
+        default=400, metadata=_m(v.int_value(1), "credit a sender starts with, per link")
+    )
+    credit_flow_more_credit_after: int = field(
+        default=200,
+        metadata=_m(v.int_value(1), "messages a receiver handles before granting more credit"),
+    )
+    # memory and disk alarms
+    vm_memory_high_watermark: MemoryWatermark = field(
+        default=MemoryWatermark(relative=0.4),
+        metadata=_m(
+            v.watermark_value,
+            "memory alarm threshold: fraction of total memory, or a size like 2GiB",
+        ),
+    )
+    vm_memory_high_watermark_paging_ratio: float = field(
+        default=0.5,
+        metadata=_m(
+            v.float_value(0, lo_open=True),
+            "fraction of the watermark at which queues page messages out (>1: never)",
+        ),
+    )
+    memory_monitor_interval_s: float = field(
+        default=0.25, metadata=_m(v.float_value(0, lo_open=True), "how often memory use is sampled")
+    )
+    disk_free_limit: int = field(
+        default=50_000_000,
+        metadata=_m(v.size_value(), "disk alarm when free space on data_dir falls below (bytes)"),
+    )
+    blocked_timeout_s: float = field(
+        default=0.0,
+        metadata=_m(
+            v.float_value(0), "close a connection blocked by an alarm for this long (0: never)"
+        ),
+    )
+    # message store and queue index
+    msg_store_file_size_limit: int = field(
+        default=16 * _MiB,
+        metadata=_m(v.size_value(1), "size at which a store segment file rolls over"),
+    )
+    msg_store_gc_garbage_fraction: float = field(
+        default=0.5,
+        metadata=_m(
+            v.float_value(0, 1, lo_open=True),
+            "garbage fraction of the store that triggers compaction",
+        ),
+    )
+    msg_store_gc_min_files: int = field(
+        default=3, metadata=_m(v.int_value(1), "no compaction with fewer segment files than this")
+    )
+    fsync: Fsync = field(
+        default=Fsync.BATCH,
+        metadata=_m(v.choice_value(Fsync), "fsync policy of the stores: always, batch or never"),
+    )
+    queue_index_embed_msgs_below: int = field(
+        default=4096,
+        metadata=_m(v.size_value(), "messages smaller than this (bytes) live in the queue index"),
+    )
+    queue_index_segment_entries: int = field(
+        default=16384, metadata=_m(v.int_value(1), "entries per queue index segment file")
+    )
+    # logs
+    log_level: str = field(
+        default="info", metadata=_m(v.log_level_value, "debug, info, warning, error or critical")
+    )
+    log_format: LogFormat = field(
+        default=LogFormat.AUTO,
+        metadata=_m(
+            v.choice_value(LogFormat), "console, json, or auto (console on a terminal, else json)"
+        ),
+    )
+    # management HTTP API
+    management_host: str = field(
+        default="",
+        metadata=_m(v.string_value, "management listener address; empty means all interfaces"),
+    )
+    management_port: int = field(
+        default=15672,
+        metadata=_m(v.int_value(0, 65535), "management HTTP port (0: management off)"),
+    )
+    # semantics
+    unroutable: Unroutable = field(
+        default=Unroutable.ACK,
+        metadata=_m(
+            v.choice_value(Unroutable),
+            "confirm for a non-mandatory unroutable message: ack (as RabbitMQ) or nack",
+        ),
+    )
+
+    def redacted(self) -> dict[str, object]:
+        """Plain values for a start-up log line, with passwords and hashes left out."""
+        shown: dict[str, object] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.metadata["secret"]:
+                value = "***"
+            elif f.name == "users":
+                value = [{"name": user.name, "tags": list(user.tags)} for user in value]
+            elif isinstance(value, tuple):
+                value = [dataclasses.asdict(x) if dataclasses.is_dataclass(x) else x for x in value]
+            elif isinstance(value, Path | MemoryWatermark):
+                value = str(value)
+            shown[f.name] = value
+        return shown
+
+
+def key_info() -> dict[str, dataclasses.Field[Any]]:
+    """Every key by name, with the dataclass field that carries its parser and help."""
+    return {f.name: f for f in dataclasses.fields(Settings)}
+
+
+def env_name(key: str) -> str:
+    return ENV_PREFIX + key.upper()
+
+
+def flag_name(key: str) -> str:
+    return "--" + key.replace("_", "-")
