@@ -14,7 +14,7 @@ from typing import Any
 
 from pamqp import commands
 
-__all__ = ["Message", "next_msg_id", "parse_delivery_mode", "encode_properties"]
+__all__ = ["Message", "encode_properties", "next_msg_id", "parse_delivery_mode"]
 
 # Unique across restarts without coordination: a random 64-bit boot prefix and a counter.
 _BOOT = int.from_bytes(os.urandom(8), "big") << 64
@@ -64,7 +64,6 @@ class Message:
         "_properties",
         "body",
         "exchange",
-        "expires_at",
         "msg_id",
         "persistent",
         "props",
@@ -86,7 +85,6 @@ class Message:
         self.body = body
         self.persistent = parse_delivery_mode(props) == 2
         self._properties: commands.Basic.Properties | None = None
-        self.expires_at: float = 0.0  # absolute monotonic deadline set by a queue with TTL
 
     @property
     def size(self) -> int:
@@ -101,6 +99,10 @@ class Message:
             p.unmarshal(flags, self.props[offset:])
             self._properties = p
         return self._properties
+
+    @property
+    def has_expiration(self) -> bool:
+        return len(self.props) >= 2 and bool(self.props[0] & 0x01)  # expiration flag (0x0100)
 
     @property
     def headers(self) -> dict[str, Any]:

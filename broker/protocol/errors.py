@@ -27,7 +27,7 @@ class ChannelError(AMQPError):
     """A soft error: closes only the channel (channel.close)."""
 
 
-class ConnectionError_(AMQPError):  # noqa: N801 - the builtin name is taken
+class ConnectionError_(AMQPError):
     """A hard error: closes the whole connection (connection.close)."""
 
 

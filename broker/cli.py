@@ -1,0 +1,84 @@
+"""hare-server: run the broker in the foreground (the docker way).
+
+SIGTERM/SIGINT stop it in order: stop accepting, close clients with 320 CONNECTION_FORCED,
+flush the stores, exit 0. A configuration error, a port in use or an unwritable data
+directory is one clear line on stderr and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import signal
+import sys
+
+import structlog
+
+from broker.config import ConfigError, Settings, load_settings
+from broker.logs import configure_logging
+
+__all__ = ["main", "run"]
+
+log = structlog.get_logger("hare.cli")
+
+
+async def run(settings: Settings, ready: asyncio.Event | None = None) -> int:
+    from broker.node import Node
+
+    node = Node(settings)
+    try:
+        await node.start()
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            print(f"hare-server: port {settings.port} is already in use", file=sys.stderr)
+        else:
+            print(f"hare-server: cannot listen on port {settings.port}: {exc}", file=sys.stderr)
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    # tests and supervisors read the bound port from here when --port 0 was asked for
+    print(f"hare-server listening on port {node.port}", flush=True)
+    if ready is not None:
+        ready.set()
+    await stop.wait()
+    log.info("shutdown requested")
+    await node.stop()
+    return 0
+
+
+def _check_data_dir(settings: Settings) -> str | None:
+    path = settings.data_dir
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"data directory {path} cannot be created: {exc.strerror}"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"data directory {path} is not writable"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        settings = load_settings(argv)
+    except ConfigError as exc:
+        print(f"hare-server: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, str(settings.log_format))
+    problem = _check_data_dir(settings)
+    if problem:
+        print(f"hare-server: {problem}", file=sys.stderr)
+        return 1
+    try:
+        import uvloop
+
+        return uvloop.run(run(settings))
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""The node: one broker process. Owns the settings, vhosts, users, the open connections, the
+alarms and the listeners, and shuts them down in a fixed order."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import TYPE_CHECKING
+
+import structlog
+
+from broker.auth import Auth
+from broker.config import Settings
+from broker.protocol.constants import CONNECTION_FORCED
+from broker.routing.vhost import VHost
+from broker.server.listener import start_listeners
+
+if TYPE_CHECKING:
+    from broker.server.reader import Reader
+
+__all__ = ["Node"]
+
+log = structlog.get_logger("hare.node")
+
+
+class Node:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.name = f"hare@{socket.gethostname()}"
+        self.auth = Auth(settings.loopback_users)
+        self.vhosts: dict[str, VHost] = {}
+        self.connections: set[Reader] = set()
+        self.servers: list[asyncio.Server] = []
+        self._alarms: set[str] = set()
+        self.port = settings.port
+        self._stopped = asyncio.Event()
+
+    # -- set-up -----------------------------------------------------------------------------
+    def add_vhost(self, name: str) -> VHost:
+        vhost = self.vhosts.get(name)
+        if vhost is None:
+            vhost = self.vhosts[name] = VHost(name, self)
+        return vhost
+
+    def _boot_definitions(self) -> None:
+        s = self.settings
+        self.add_vhost(s.default_vhost)
+        for name in s.vhosts:
+            self.add_vhost(name)
+        if s.default_user not in self.auth.users:
+            self.auth.add_user(s.default_user, s.default_pass, tags=["administrator"])
+            self.auth.set_permissions(s.default_user, s.default_vhost, ".*", ".*", ".*")
+        for u in s.users:
+            self.auth.add_user(u.name, password_hash=u.password_hash, tags=list(u.tags))
+        for p in s.permissions:
+            self.auth.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
+
+    async def start(self) -> None:
+        self._boot_definitions()
+        self.servers = await start_listeners(self, self.settings.host, self.settings.port)
+        sock = self.servers[0].sockets[0]
+        self.port = sock.getsockname()[1]
+        log.info("broker started", node=self.name, port=self.port, host=self.settings.host or "*")
+
+    async def stop(self, reason: str = "broker shutdown") -> None:
+        """Stop accepting, close clients with 320, stop queues; the stores flush last."""
+        for server in self.servers:
+            server.close()
+        for conn in list(self.connections):
+            conn.connection_error(_forced(reason))
+        if self.connections:
+            await asyncio.sleep(0.2)  # let close frames go out; close-ok is not awaited long
+        for conn in list(self.connections):
+            conn._close_transport()
+        for server in self.servers:
+            await server.wait_closed()
+        for vhost in self.vhosts.values():
+            vhost.stop()
+        log.info("broker stopped", node=self.name)
+        self._stopped.set()
+
+    # -- connections ------------------------------------------------------------------------
+    def connection_opened(self, conn: Reader) -> None:
+        self.connections.add(conn)
+
+    def connection_closed(self, conn: Reader) -> None:
+        self.connections.discard(conn)
+
+    # -- alarms -----------------------------------------------------------------------------
+    def alarms_active(self) -> set[str]:
+        return set(self._alarms)
+
+    def set_alarm(self, resource: str, raised: bool) -> None:
+        before = set(self._alarms)
+        if raised:
+            self._alarms.add(resource)
+        else:
+            self._alarms.discard(resource)
+        if before != self._alarms:
+            for conn in list(self.connections):
+                conn.on_alarm(self.alarms_active())
+
+
+def _forced(text: str) -> object:
+    from broker.protocol.errors import ConnectionError_
+
+    return ConnectionError_(CONNECTION_FORCED, text)

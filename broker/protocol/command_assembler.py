@@ -1,0 +1,96 @@
+"""Assembles method, content-header and body frames of one channel into commands, as RabbitMQ's
+rabbit_command_assembler. Out-of-order frames are connection errors (505 UNEXPECTED_FRAME)."""
+
+from __future__ import annotations
+
+import struct
+
+from broker.protocol.constants import FRAME_BODY, FRAME_HEADER, FRAME_METHOD, UNEXPECTED_FRAME
+from broker.protocol.errors import ConnectionError_
+
+__all__ = ["ACK_INDEX", "PUBLISH_INDEX", "CommandAssembler"]
+
+PUBLISH_INDEX = 0x003C0028
+ACK_INDEX = 0x003C0050
+_HEADER = struct.Struct(">HHQ")
+
+_EXPECT_METHOD = 0
+_EXPECT_HEADER = 1
+_EXPECT_BODY = 2
+
+
+class CommandAssembler:
+    """Feed frames of one channel; `frame` returns a complete command or None.
+
+    Commands: ("method", payload) for a method without content, or
+    ("content", method_payload, props, body) once a content-bearing method's body is complete.
+    Only basic.publish carries content from a client."""
+
+    __slots__ = ("body_size", "chunks", "method", "props", "received", "state")
+
+    def __init__(self) -> None:
+        self.state = _EXPECT_METHOD
+        self.method = b""
+        self.props = b""
+        self.body_size = 0
+        self.received = 0
+        self.chunks: list[bytes] = []
+
+    @property
+    def idle(self) -> bool:
+        return self.state == _EXPECT_METHOD
+
+    def frame(self, ftype: int, payload: bytes) -> tuple | None:
+        state = self.state
+        if ftype == FRAME_METHOD:
+            if state != _EXPECT_METHOD:
+                raise ConnectionError_(
+                    UNEXPECTED_FRAME,
+                    "expected content "
+                    + ("header" if state == _EXPECT_HEADER else "body")
+                    + ", got method frame",
+                )
+            if payload[:4] == b"\x00\x3c\x00\x28":  # basic.publish
+                self.method = payload
+                self.state = _EXPECT_HEADER
+                return None
+            return ("method", payload)
+        if ftype == FRAME_HEADER:
+            if state != _EXPECT_HEADER:
+                raise ConnectionError_(UNEXPECTED_FRAME, "unexpected content header frame")
+            if len(payload) < 14:
+                raise ConnectionError_(UNEXPECTED_FRAME, "content header frame too short")
+            class_id, _weight, size = _HEADER.unpack_from(payload)
+            if class_id != 60:
+                raise ConnectionError_(
+                    UNEXPECTED_FRAME, f"content header for class {class_id}, expected 60"
+                )
+            self.props = payload[12:]
+            if size == 0:
+                self.state = _EXPECT_METHOD
+                return ("content", self.method, self.props, b"")
+            self.body_size = size
+            self.received = 0
+            self.chunks = []
+            self.state = _EXPECT_BODY
+            return None
+        if ftype == FRAME_BODY:
+            if state != _EXPECT_BODY:
+                raise ConnectionError_(UNEXPECTED_FRAME, "unexpected content body frame")
+            self.received += len(payload)
+            if self.received > self.body_size:
+                raise ConnectionError_(
+                    UNEXPECTED_FRAME,
+                    f"content body exceeds the announced {self.body_size} bytes",
+                )
+            if self.received == self.body_size and not self.chunks:
+                self.state = _EXPECT_METHOD
+                return ("content", self.method, self.props, payload)
+            self.chunks.append(payload)
+            if self.received == self.body_size:
+                self.state = _EXPECT_METHOD
+                body = b"".join(self.chunks)
+                self.chunks = []
+                return ("content", self.method, self.props, body)
+            return None
+        raise ConnectionError_(UNEXPECTED_FRAME, f"unexpected frame type {ftype} on a channel")

@@ -1,0 +1,1 @@
+"""Queues: the queue task (amqqueue), consumers and prefetch, dead-lettering, TTL, paging."""

@@ -1,0 +1,388 @@
+"""The queue task (RabbitMQ's rabbit_amqqueue_process).
+
+Channels post publish batches to the queue's mailbox; the task takes everything queued in one
+wake-up, enqueues it, confirms the batch to each publishing channel with one call, then delivers
+round-robin to consumers within their prefetch. Synchronous operations (basic.get, purge,
+consume, ack, requeue) first drain the mailbox so they see every publish that came before them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from broker.message import Message
+from broker.queue import dead_letter as dlx
+from broker.queue.consumer import Consumer
+from broker.queue.ram_queue import Entry, RamQueue
+from broker.server.mailbox import Mailbox
+
+if TYPE_CHECKING:
+    from broker.routing.vhost import VHost
+    from broker.server.channel import Channel
+
+__all__ = ["AMQQueue", "QueueArgs"]
+
+log = structlog.get_logger("hare.queue")
+
+_WAKE = ("wake",)
+
+
+class QueueArgs:
+    """The x-arguments a queue understands, validated at declare time by the vhost."""
+
+    __slots__ = (
+        "dlrk", "dlx", "expires_ms", "max_length", "max_length_bytes", "overflow", "ttl_ms",
+    )
+
+    def __init__(self, arguments: dict[str, Any]) -> None:
+        self.ttl_ms: int | None = arguments.get("x-message-ttl")
+        self.expires_ms: int | None = arguments.get("x-expires")
+        self.max_length: int | None = arguments.get("x-max-length")
+        self.max_length_bytes: int | None = arguments.get("x-max-length-bytes")
+        self.overflow: str = arguments.get("x-overflow", "drop-head")
+        self.dlx: str | None = arguments.get("x-dead-letter-exchange")
+        self.dlrk: str | None = arguments.get("x-dead-letter-routing-key")
+
+
+class AMQQueue:
+    def __init__(
+        self,
+        vhost: VHost,
+        name: str,
+        *,
+        durable: bool = False,
+        exclusive_owner: object | None = None,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner
+        self.auto_delete = auto_delete
+        self.arguments: dict[str, Any] = dict(arguments or {})
+        self.args = QueueArgs(self.arguments)
+        self.bq = RamQueue()
+        self.consumers: deque[Consumer] = deque()
+        self.mailbox = Mailbox()
+        self.deleted = False
+        self._had_consumer = False
+        self._wake_pending = False
+        self._task: asyncio.Task[None] | None = None
+        self._ttl_timer: asyncio.TimerHandle | None = None
+        self._expiry_timer: asyncio.TimerHandle | None = None
+        self._now = 0.0  # monotonic time at the start of the current batch
+        self._ttl_dirty = False
+        # counters for management / metrics
+        self.backlog = 0  # messages posted by channels, not yet enqueued (their credit)
+        self.published = 0
+        self.delivered = 0
+        self.acked = 0
+        self.redelivered = 0
+
+    # -- life cycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"queue:{self.name}")
+        self._arm_expiry()
+
+    async def _run(self) -> None:
+        mailbox = self.mailbox
+        while not self.deleted:
+            batch = await mailbox.get()
+            try:
+                self._process(batch)
+            except Exception:  # a bug must not silently kill the queue
+                log.exception("queue task error", queue=self.name)
+
+    def stop(self) -> None:
+        self.deleted = True
+        for timer in (self._ttl_timer, self._expiry_timer):
+            if timer is not None:
+                timer.cancel()
+        if self._task is not None and self._task is not asyncio.current_task():
+            self._task.cancel()
+
+    # -- mailbox ----------------------------------------------------------------------------
+    def post_publishes(self, channel: Channel | None, items: list[tuple[Message, int]]) -> None:
+        self.mailbox.put(("pubs", channel, items))
+
+    def wake(self) -> None:
+        """Consumer capacity changed: try delivering again (coalesced)."""
+        if not self._wake_pending and not self.deleted:
+            self._wake_pending = True
+            self.mailbox.put(_WAKE)
+
+    def drain(self) -> None:
+        """Process what is in the mailbox now, for an operation that must see it."""
+        batch = self.mailbox.take()
+        if batch:
+            self._process(batch)
+
+    def _process(self, batch: list[Any]) -> None:
+        self._wake_pending = False
+        self._now = time.monotonic()
+        for item in batch:
+            if item[0] == "pubs":
+                self._enqueue(item[1], item[2])
+        self._deliver()
+        if self._ttl_dirty:
+            self._ttl_dirty = False
+            self._arm_ttl()
+
+    # -- publish ----------------------------------------------------------------------------
+    def _enqueue(self, channel: Channel | None, items: list[tuple[Message, int]]) -> None:
+        if channel is not None:
+            self.backlog -= len(items)
+            channel.reader.credit_returned()
+        if self.deleted:
+            return
+        bq = self.bq
+        args = self.args
+        ttl = args.ttl_ms
+        now = self._now
+        confirms: list[int] = []
+        rejected: list[int] = []
+        reject_publish = args.overflow in ("reject-publish", "reject-publish-dlx")
+        for msg, seq in items:
+            if reject_publish and self._full(len(msg.body)):
+                if seq:
+                    rejected.append(seq)
+                if args.overflow == "reject-publish-dlx":
+                    self._dead_letter([msg], dlx.MAXLEN)
+                continue
+            expires_at = 0.0
+            if ttl is not None or msg.has_expiration:
+                expires_at = self._expiry_for(msg, ttl, now)
+                if expires_at:
+                    self._ttl_dirty = True
+            bq.publish(msg, expires_at)
+            self.published += 1
+            if seq:
+                confirms.append(seq)
+        limited = args.max_length is not None or args.max_length_bytes is not None
+        if limited and not reject_publish:
+            self._drop_overflow()
+        if channel is not None and (confirms or rejected):
+            channel.queue_confirmed(self, confirms, rejected)
+
+    def _expiry_for(self, msg: Message, ttl: int | None, now: float) -> float:
+        best = ttl
+        if msg.has_expiration:
+            try:
+                per_msg = int(msg.properties.expiration or "")
+            except ValueError:
+                per_msg = None
+            if per_msg is not None and (best is None or per_msg < best):
+                best = per_msg
+        if best is None:
+            return 0.0
+        # ttl 0 means "deliver now or never": a consumer in this batch gets it, else it expires
+        return now + best / 1000.0
+
+    def _full(self, incoming: int) -> bool:
+        a = self.args
+        if a.max_length is not None and len(self.bq) >= a.max_length:
+            return True
+        limit = a.max_length_bytes
+        return limit is not None and self.bq.bytes_ready + incoming > limit
+
+    def _drop_overflow(self) -> None:
+        a = self.args
+        dropped: list[Message] = []
+        while self.bq.ready and (
+            (a.max_length is not None and len(self.bq) > a.max_length)
+            or (a.max_length_bytes is not None and self.bq.bytes_ready > a.max_length_bytes)
+        ):
+            entry = self.bq.fetch(False)
+            assert entry is not None
+            dropped.append(entry[1])
+        if dropped:
+            self._dead_letter(dropped, dlx.MAXLEN)
+
+    # -- TTL and x-expires ------------------------------------------------------------------
+    def _arm_ttl(self) -> None:
+        """Expire messages at the head, and schedule the next head expiry."""
+        if self._ttl_timer is not None:
+            self._ttl_timer.cancel()
+            self._ttl_timer = None
+        head = self.bq.peek()
+        if head is None or not head[3]:
+            return
+        now = time.monotonic()
+        expired: list[Message] = []
+        while head is not None and head[3] and head[3] <= now:
+            self.bq.fetch(False)
+            expired.append(head[1])
+            head = self.bq.peek()
+        if expired:
+            self._dead_letter(expired, dlx.EXPIRED)
+        if head is not None and head[3]:
+            loop = asyncio.get_running_loop()
+            self._ttl_timer = loop.call_at(
+                loop.time() + max(0.0, head[3] - now), self._on_ttl_timer
+            )
+
+    def _on_ttl_timer(self) -> None:
+        self._ttl_timer = None
+        if not self.deleted:
+            self._arm_ttl()
+
+    def _arm_expiry(self) -> None:
+        """x-expires: delete the queue after it has gone unused for that long."""
+        if self.args.expires_ms is None or self.deleted:
+            return
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+        self._expiry_timer = asyncio.get_running_loop().call_later(
+            self.args.expires_ms / 1000.0, self._on_expiry
+        )
+
+    def touch(self) -> None:
+        """The queue was used (declare, get, consume): restart its x-expires clock."""
+        if self.args.expires_ms is not None:
+            self._arm_expiry()
+
+    def _on_expiry(self) -> None:
+        self._expiry_timer = None
+        if self.consumers or self.deleted:
+            return
+        log.info("queue expired", queue=self.name, vhost=self.vhost.name)
+        self.vhost.delete_queue(self)
+
+    # -- dead-lettering ---------------------------------------------------------------------
+    def _dead_letter(self, msgs: list[Message], reason: str) -> None:
+        exchange = self.args.dlx
+        if exchange is None:
+            return
+        for msg in msgs:
+            out = dlx.dead_letter(msg, self.name, reason, exchange, self.args.dlrk)
+            self.vhost.publish_internal(out)
+
+    # -- delivery ---------------------------------------------------------------------------
+    def _deliver(self) -> None:
+        consumers = self.consumers
+        bq = self.bq
+        if not consumers or not bq.ready:
+            return
+        n = len(consumers)
+        idle = 0
+        now = self._now
+        expired: list[Message] = []
+        while bq.ready and idle < n:
+            c = consumers[0]
+            if not c.can_take():
+                consumers.rotate(-1)
+                idle += 1
+                continue
+            entry = bq.fetch(not c.no_ack)
+            assert entry is not None
+            if entry[3] and entry[3] < now:
+                if not c.no_ack:
+                    bq.ack((entry[0],))
+                expired.append(entry[1])
+                continue
+            c.channel.deliver(c, self, entry)
+            self.delivered += 1
+            if entry[2]:
+                self.redelivered += 1
+            consumers.rotate(-1)
+            idle = 0
+        if expired:
+            self._dead_letter(expired, dlx.EXPIRED)
+
+    # -- synchronous operations (called by channels) ----------------------------------------
+    def get(self, ack_required: bool) -> tuple[Entry, int] | None:
+        self.drain()
+        self.touch()
+        while True:
+            entry = self.bq.fetch(ack_required)
+            if entry is None:
+                return None
+            if entry[3] and entry[3] < time.monotonic():
+                if ack_required:
+                    self.bq.ack((entry[0],))
+                self._dead_letter([entry[1]], dlx.EXPIRED)
+                continue
+            self.delivered += 1
+            return entry, len(self.bq)
+
+    def ack(self, seqs: Iterable[int]) -> None:
+        msgs = self.bq.ack(seqs)
+        self.acked += len(msgs)
+        self.wake()
+
+    def reject(self, seqs: list[int], requeue: bool) -> None:
+        if requeue:
+            self.bq.requeue(seqs)
+        else:
+            msgs = self.bq.ack(seqs)
+            self._dead_letter(msgs, dlx.REJECTED)
+        self.wake()
+
+    def requeue(self, seqs: list[int]) -> None:
+        if seqs and not self.deleted:
+            self.bq.requeue(seqs)
+            self.wake()
+
+    def purge(self) -> int:
+        self.drain()
+        return len(self.bq.purge())
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.drain()
+        self.consumers.append(consumer)
+        self._had_consumer = True
+        self.touch()
+        self.wake()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        try:
+            self.consumers.remove(consumer)
+        except ValueError:
+            return
+        if not self.consumers:
+            self.touch()
+            if self.auto_delete and self._had_consumer and not self.deleted:
+                self.vhost.delete_queue(self)
+
+    def has_exclusive_consumer(self) -> bool:
+        return any(c.exclusive for c in self.consumers)
+
+    # -- introspection ----------------------------------------------------------------------
+    @property
+    def message_count(self) -> int:
+        self.drain()
+        return len(self.bq)
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self.consumers)
+
+    def info(self) -> dict[str, Any]:
+        ready = len(self.bq)
+        unacked = self.bq.pending_count
+        return {
+            "name": self.name,
+            "vhost": self.vhost.name,
+            "durable": self.durable,
+            "auto_delete": self.auto_delete,
+            "exclusive": self.exclusive_owner is not None,
+            "arguments": self.arguments,
+            "messages": ready + unacked,
+            "messages_ready": ready,
+            "messages_unacknowledged": unacked,
+            "consumers": len(self.consumers),
+            "message_bytes_ready": self.bq.bytes_ready,
+            "published": self.published,
+            "delivered": self.delivered,
+            "acked": self.acked,
+        }
+
+    def __repr__(self) -> str:
+        return f"<AMQQueue {self.vhost.name}/{self.name}>"

@@ -1,0 +1,60 @@
+"""A consumer: one basic.consume on one channel. The channel owns its counters; the queue asks
+`can_take()` before each delivery (prefetch per consumer and per channel, writer back-pressure,
+channel.flow)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from broker.protocol.frames import shortstr
+
+if TYPE_CHECKING:
+    from broker.queue.amqqueue import AMQQueue
+    from broker.server.channel import Channel
+
+__all__ = ["Consumer"]
+
+
+class Consumer:
+    __slots__ = (
+        "arguments",
+        "channel",
+        "exclusive",
+        "no_ack",
+        "prefetch",
+        "queue",
+        "tag",
+        "tag_sstr",
+        "unacked",
+    )
+
+    def __init__(
+        self,
+        tag: str,
+        channel: Channel,
+        queue: AMQQueue,
+        *,
+        no_ack: bool,
+        exclusive: bool,
+        prefetch: int,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        self.tag = tag
+        self.tag_sstr = shortstr(tag)
+        self.channel = channel
+        self.queue = queue
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.prefetch = prefetch  # 0 = unlimited
+        self.unacked = 0
+        self.arguments = arguments or {}
+
+    def can_take(self) -> bool:
+        if self.no_ack:
+            return self.channel.can_deliver()
+        if self.prefetch and self.unacked >= self.prefetch:
+            return False
+        return self.channel.can_deliver_acked()
+
+    def __repr__(self) -> str:
+        return f"<Consumer {self.tag!r} on {self.queue.name!r}>"

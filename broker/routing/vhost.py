@@ -1,0 +1,358 @@
+"""A virtual host: its exchanges, queues and bindings, and the AMQP rules for declaring,
+binding and deleting them (reply codes and texts as RabbitMQ). Plain objects; the channel calls
+these methods and turns the errors into channel.close / connection.close."""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from broker.message import Message
+from broker.protocol.constants import (
+    ACCESS_REFUSED,
+    COMMAND_INVALID,
+    NOT_FOUND,
+    PRECONDITION_FAILED,
+    RESOURCE_LOCKED,
+)
+from broker.protocol.errors import ChannelError, ConnectionError_
+from broker.queue.amqqueue import AMQQueue
+from broker.routing.exchange import Exchange
+from broker.routing.router import route as route_through
+
+if TYPE_CHECKING:
+    from broker.node import Node
+
+__all__ = ["PREDECLARED", "VHost"]
+
+log = structlog.get_logger("hare.vhost")
+
+PREDECLARED = (
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
+
+_QUEUE_INT_ARGS = ("x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes")
+_QUEUE_STR_ARGS = ("x-dead-letter-exchange", "x-dead-letter-routing-key", "x-overflow")
+_OVERFLOW = ("drop-head", "reject-publish", "reject-publish-dlx")
+
+
+class VHost:
+    def __init__(self, name: str, node: Node | None = None) -> None:
+        self.name = name
+        self.node = node
+        self.exchanges: dict[str, Exchange] = {}
+        self.queues: dict[str, AMQQueue] = {}
+        self.default_exchange = Exchange("", "direct", durable=True)
+        self.exchanges[""] = self.default_exchange
+        for xname, xtype in PREDECLARED:
+            self.exchanges[xname] = Exchange(xname, xtype, durable=True)
+        # observers for durable definitions (the definitions store subscribes)
+        self.on_change: Callable[[str, str, object], None] | None = None
+
+    # -- lookups ----------------------------------------------------------------------------
+    def _where(self) -> str:
+        return f"in vhost '{self.name}'"
+
+    def exchange(self, name: str) -> Exchange:
+        ex = self.exchanges.get(name)
+        if ex is None:
+            raise ChannelError(NOT_FOUND, f"no exchange '{name}' {self._where()}")
+        return ex
+
+    def queue(self, name: str, owner: object | None = None) -> AMQQueue:
+        q = self.queues.get(name)
+        if q is None:
+            raise ChannelError(NOT_FOUND, f"no queue '{name}' {self._where()}")
+        if q.exclusive_owner is not None and owner is not None and q.exclusive_owner is not owner:
+            raise ChannelError(
+                RESOURCE_LOCKED,
+                f"cannot obtain exclusive access to locked queue '{name}' {self._where()}. "
+                "It could be originally declared on another connection or the exclusive "
+                "property value does not match that of the original declaration.",
+            )
+        return q
+
+    # -- exchanges --------------------------------------------------------------------------
+    def declare_exchange(
+        self,
+        name: str,
+        type_: str,
+        *,
+        passive: bool = False,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> Exchange:
+        if passive:
+            if name == "":
+                return self.default_exchange
+            return self.exchange(name)
+        if name == "" or name.startswith("amq."):
+            if name in self.exchanges and self.exchanges[name].type == type_:
+                return self.exchanges[name]
+            raise ChannelError(
+                ACCESS_REFUSED,
+                f"exchange name '{name}' contains reserved prefix 'amq.*'",
+            )
+        existing = self.exchanges.get(name)
+        if existing is not None:
+            for field, have, want in (
+                ("type", existing.type, type_),
+                ("durable", existing.durable, durable),
+                ("auto_delete", existing.auto_delete, auto_delete),
+                ("internal", existing.internal, internal),
+            ):
+                if have != want:
+                    raise ChannelError(
+                        PRECONDITION_FAILED,
+                        f"inequivalent arg '{field}' for exchange '{name}' {self._where()}: "
+                        f"received '{_fmt(want)}' but current is '{_fmt(have)}'",
+                    )
+            return existing
+        try:
+            ex = Exchange(
+                name,
+                type_,
+                durable=durable,
+                auto_delete=auto_delete,
+                internal=internal,
+                arguments=dict(arguments or {}),
+            )
+        except ValueError as exc:
+            raise ConnectionError_(COMMAND_INVALID, f"unknown exchange type '{type_}'") from exc
+        self.exchanges[name] = ex
+        self._changed("put_exchange", ex)
+        return ex
+
+    def delete_exchange(self, name: str, if_unused: bool = False) -> None:
+        if name == "" or name.startswith("amq."):
+            raise ChannelError(
+                ACCESS_REFUSED, f"operation not permitted on exchange '{name}' {self._where()}"
+            )
+        ex = self.exchanges.get(name)
+        if ex is None:
+            return  # RabbitMQ: deleting a missing exchange succeeds
+        if if_unused and ex.has_bindings():
+            raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' {self._where()} in use")
+        del self.exchanges[name]
+        for other in self.exchanges.values():
+            other.unbind_all(ex)
+        self._changed("delete_exchange", ex)
+
+    def bind_exchange(
+        self, destination: str, source: str, routing_key: str, arguments: dict[str, Any]
+    ) -> None:
+        dst = self.exchange(destination)
+        src = self.exchange(source)
+        self._not_default(src, dst)
+        if src.bind(dst, routing_key, arguments):
+            self._changed("put_binding", (src, dst, routing_key, arguments))
+
+    def unbind_exchange(
+        self, destination: str, source: str, routing_key: str, arguments: dict[str, Any]
+    ) -> None:
+        dst = self.exchange(destination)
+        src = self.exchange(source)
+        self._not_default(src, dst)
+        if src.unbind(dst, routing_key, arguments):
+            self._changed("delete_binding", (src, dst, routing_key, arguments))
+            self._maybe_auto_delete(src)
+
+    def _not_default(self, *exchanges: Exchange) -> None:
+        for ex in exchanges:
+            if ex is self.default_exchange:
+                raise ChannelError(
+                    ACCESS_REFUSED,
+                    f"operation not permitted on the default exchange {self._where()}",
+                )
+
+    def _maybe_auto_delete(self, ex: Exchange) -> None:
+        if ex.auto_delete and not ex.has_bindings() and self.exchanges.get(ex.name) is ex:
+            del self.exchanges[ex.name]
+            for other in self.exchanges.values():
+                other.unbind_all(ex)
+            self._changed("delete_exchange", ex)
+
+    # -- queues -----------------------------------------------------------------------------
+    def declare_queue(
+        self,
+        name: str,
+        *,
+        passive: bool = False,
+        durable: bool = False,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+        owner: object | None = None,
+    ) -> AMQQueue:
+        if passive:
+            q = self.queue(name, owner)
+            q.touch()
+            return q
+        if not name:
+            name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+        elif name.startswith("amq."):
+            raise ChannelError(
+                ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'"
+            )
+        arguments = dict(arguments or {})
+        existing = self.queues.get(name)
+        if existing is not None:
+            self.queue(name, owner)  # exclusivity check
+            for field, have, want in (
+                ("durable", existing.durable, durable),
+                ("exclusive", existing.exclusive_owner is not None, exclusive),
+                ("auto_delete", existing.auto_delete, auto_delete),
+            ):
+                if have != want:
+                    raise ChannelError(
+                        PRECONDITION_FAILED,
+                        f"inequivalent arg '{field}' for queue '{name}' {self._where()}: "
+                        f"received '{_fmt(want)}' but current is '{_fmt(have)}'",
+                    )
+            for key in set(arguments) | set(existing.arguments):
+                if key.startswith("x-") and arguments.get(key) != existing.arguments.get(key):
+                    raise ChannelError(
+                        PRECONDITION_FAILED,
+                        f"inequivalent arg '{key}' for queue '{name}' {self._where()}: "
+                        f"received {_fmt_arg(arguments.get(key))} but current is "
+                        f"{_fmt_arg(existing.arguments.get(key))}",
+                    )
+            existing.touch()
+            return existing
+        self._validate_queue_args(name, arguments)
+        q = AMQQueue(
+            self,
+            name,
+            durable=durable,
+            exclusive_owner=owner if exclusive else None,
+            auto_delete=auto_delete,
+            arguments=arguments,
+        )
+        self.queues[name] = q
+        q.start()
+        self._changed("put_queue", q)
+        return q
+
+    def _validate_queue_args(self, name: str, arguments: dict[str, Any]) -> None:
+        for key in _QUEUE_INT_ARGS:
+            if key in arguments:
+                value = arguments[key]
+                minimum = 1 if key == "x-expires" else 0
+                if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                    raise ChannelError(
+                        PRECONDITION_FAILED,
+                        f"invalid arg '{key}' for queue '{name}' {self._where()}: "
+                        f"{_fmt_arg(value)}",
+                    )
+        for key in _QUEUE_STR_ARGS:
+            if key in arguments:
+                value = arguments[key]
+                if isinstance(value, bytes):
+                    value = arguments[key] = value.decode()
+                if not isinstance(value, str) or (key == "x-overflow" and value not in _OVERFLOW):
+                    raise ChannelError(
+                        PRECONDITION_FAILED,
+                        f"invalid arg '{key}' for queue '{name}' {self._where()}: "
+                        f"{_fmt_arg(value)}",
+                    )
+        if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"invalid arg 'x-dead-letter-routing-key' for queue '{name}' {self._where()}: "
+                "x-dead-letter-exchange is not set",
+            )
+
+    def delete_queue(self, q: AMQQueue, *, if_unused: bool = False, if_empty: bool = False) -> int:
+        if if_unused and q.consumers:
+            raise ChannelError(PRECONDITION_FAILED, f"queue '{q.name}' {self._where()} in use")
+        if if_empty and q.message_count:
+            raise ChannelError(PRECONDITION_FAILED, f"queue '{q.name}' {self._where()} not empty")
+        if self.queues.get(q.name) is not q:
+            return 0
+        count = q.message_count
+        del self.queues[q.name]
+        for consumer in list(q.consumers):
+            consumer.channel.consumer_cancelled_by_queue(consumer)
+        q.consumers.clear()
+        for ex in list(self.exchanges.values()):
+            if ex.unbind_all(q):
+                self._maybe_auto_delete(ex)
+        q.stop()
+        self._changed("delete_queue", q)
+        return count
+
+    def bind_queue(
+        self, queue: AMQQueue, exchange: str, routing_key: str, arguments: dict[str, Any]
+    ) -> None:
+        ex = self.exchange(exchange)
+        self._not_default(ex)
+        if ex.bind(queue, routing_key, arguments) and queue.durable and ex.durable:
+            self._changed("put_binding", (ex, queue, routing_key, arguments))
+
+    def unbind_queue(
+        self, queue: AMQQueue, exchange: str, routing_key: str, arguments: dict[str, Any]
+    ) -> None:
+        ex = self.exchange(exchange)
+        self._not_default(ex)
+        if ex.unbind(queue, routing_key, arguments):
+            self._changed("delete_binding", (ex, queue, routing_key, arguments))
+            self._maybe_auto_delete(ex)
+
+    def drop_exclusive(self, owner: object) -> None:
+        """The owning connection closed: its exclusive queues go."""
+        for q in [q for q in self.queues.values() if q.exclusive_owner is owner]:
+            self.delete_queue(q)
+
+    # -- routing ----------------------------------------------------------------------------
+    def route(self, ex: Exchange, msg: Message) -> Any:
+        """The queues a message goes to (an iterable of AMQQueue)."""
+        if ex is self.default_exchange:
+            q = self.queues.get(msg.routing_key)
+            return (q,) if q is not None else ()
+        return route_through(ex, msg, self.exchanges.get)
+
+    def publish_internal(self, msg: Message) -> int:
+        """Publish without a channel (dead-lettering). Returns the number of queues reached."""
+        ex = self.exchanges.get(msg.exchange)
+        if ex is None:
+            log.warning("dead-letter exchange missing", exchange=msg.exchange, vhost=self.name)
+            return 0
+        queues = self.route(ex, msg)
+        n = 0
+        for q in queues:
+            q.post_publishes(None, [(msg, 0)])
+            n += 1
+        return n
+
+    # -- definitions ------------------------------------------------------------------------
+    def _changed(self, what: str, obj: object) -> None:
+        if self.on_change is not None:
+            self.on_change(self.name, what, obj)
+
+    def stop(self) -> None:
+        for q in list(self.queues.values()):
+            q.stop()
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _fmt_arg(value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, int | bool):
+        return f"{{long,{value}}}" if not isinstance(value, bool) else f"{{bool,{_fmt(value)}}}"
+    return f'{{longstr,<<"{value}">>}}'

@@ -1,0 +1,1 @@
+"""The asyncio side: listener, reader (one Protocol per connection), writer, channel tasks."""

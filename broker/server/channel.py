@@ -1,0 +1,746 @@
+"""The channel task (RabbitMQ's rabbit_channel): methods, publishing and routing, confirms,
+transactions, consumers and delivery tags.
+
+The reader posts assembled commands to the mailbox; the task takes them in batches. Publishes
+of one batch are grouped per queue and handed to each queue's mailbox once. Queues call
+`deliver` and `queue_confirmed` directly (plain calls, no await): the tag counter, the unacked
+table and the confirm table are mutated only by this class's methods."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import re
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from pamqp import commands
+
+from broker.message import Message
+from broker.protocol import frames
+from broker.protocol.command_assembler import ACK_INDEX
+from broker.protocol.constants import (
+    ACCESS_REFUSED,
+    INTERNAL_ERROR,
+    NO_ROUTE,
+    NOT_ALLOWED,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+)
+from broker.protocol.errors import AMQPError, ChannelError, ConnectionError_
+from broker.queue.consumer import Consumer
+from broker.server.mailbox import Mailbox
+
+if TYPE_CHECKING:
+    from broker.queue.amqqueue import AMQQueue
+    from broker.queue.ram_queue import Entry
+    from broker.routing.exchange import Exchange
+    from broker.server.reader import Reader
+
+__all__ = ["Channel"]
+
+log = structlog.get_logger("hare.channel")
+
+_ACK_PREFIX = ACK_INDEX.to_bytes(4, "big")
+QUEUE_CREDIT = 4000  # unprocessed messages a queue may hold from publishers before they block
+_STOP = ("stop",)
+
+
+class Channel:
+    def __init__(self, number: int, reader: Reader) -> None:
+        self.number = number
+        self.reader = reader
+        self.writer = reader.writer
+        self.vhost = reader.vhost
+        self.user = reader.user
+        self.frame_max = reader.frame_max
+        self.mailbox = Mailbox()
+        self.closing = False  # channel.close sent by us, waiting for close-ok
+        self.closed = False
+        # publishing
+        self.confirm = False
+        self.publish_seq = 0
+        self.unconfirmed: OrderedDict[int, int] = OrderedDict()
+        self._acks: list[int] = []
+        self._nacks: list[int] = []
+        self._confirm_flush_scheduled = False
+        self._batch: dict[AMQQueue, list[tuple[Message, int]]] = {}
+        self._write_ok: set[str] = set()
+        self.tx = False
+        self._tx_publishes: list[tuple[Exchange, Message, bool]] = []
+        self._tx_acks: list[tuple[str, int, bool, bool]] = []
+        # consuming
+        self.consumers: dict[str, Consumer] = {}
+        self.unacked: OrderedDict[int, tuple[AMQQueue, int, Consumer | None]] = OrderedDict()
+        self.next_tag = 1
+        self.prefetch_count = 0  # applies to consumers created after basic.qos(global=false)
+        self.global_prefetch = 0
+        self.consumer_unacked = 0  # unacked deliveries to consumers (what global prefetch limits)
+        self.flow_active = True
+        # credit: publishes the reader posted that this channel has not processed yet
+        self.inflight = 0
+        self.published_since_alarm = False
+        self._posted: set[AMQQueue] = set()  # queues that may still hold our backlog
+        self.published = 0
+        self._task: asyncio.Task[None] | None = None
+
+    # -- life cycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"channel:{self.reader.name}:{self.number}"
+        )
+
+    def post(self, command: tuple[Any, ...]) -> None:
+        self.mailbox.put(command)
+
+    async def _run(self) -> None:
+        mailbox = self.mailbox
+        while True:
+            batch = await mailbox.get()
+            publishes = 0
+            for cmd in batch:
+                if cmd is _STOP:
+                    self._flush_batch()
+                    self._terminate()
+                    return
+                if self.closing or self.closed:
+                    if cmd[0] == "content":
+                        publishes += 1
+                    continue
+                try:
+                    if cmd[0] == "content":
+                        publishes += 1
+                        self._publish(cmd[1], cmd[2], cmd[3])
+                    else:
+                        self._method(cmd[1])
+                except ChannelError as exc:
+                    self._flush_batch()
+                    self._fail(exc)
+                except ConnectionError_ as exc:
+                    self._flush_batch()
+                    self.reader.connection_error(exc)
+                except Exception as exc:
+                    log.exception("channel error", channel=self.number, conn=self.reader.name)
+                    self._flush_batch()
+                    self._fail(ChannelError(INTERNAL_ERROR, f"internal error: {exc!r}"))
+            self._flush_batch()
+            if publishes:
+                self.inflight -= publishes
+                self.reader.channel_progress(self)
+
+    def stop(self) -> None:
+        """The connection is going: process what was received, then release everything."""
+        self.mailbox.put(_STOP)
+
+    def _terminate(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._release()
+
+    def _release(self) -> None:
+        """Requeue unacked messages and cancel consumers (channel or connection closed)."""
+        for consumer in list(self.consumers.values()):
+            consumer.queue.remove_consumer(consumer)
+        self.consumers.clear()
+        by_queue: dict[AMQQueue, list[int]] = {}
+        for queue, seq, _ in self.unacked.values():
+            by_queue.setdefault(queue, []).append(seq)
+        self.unacked.clear()
+        self.consumer_unacked = 0
+        for queue, seqs in by_queue.items():
+            queue.requeue(seqs)
+        self._tx_publishes.clear()
+        self._tx_acks.clear()
+
+    def _fail(self, exc: AMQPError) -> None:
+        """A soft error: channel.close to the client, resources released at once."""
+        log.info(
+            "channel error",
+            conn=self.reader.name,
+            channel=self.number,
+            code=exc.code,
+            text=exc.text,
+        )
+        self.closing = True
+        self.writer.send(
+            frames.encode_method(
+                self.number,
+                commands.Channel.Close(
+                    reply_code=exc.code,
+                    reply_text=exc.reply_text[:255],
+                    class_id=exc.method[0],
+                    method_id=exc.method[1],
+                ),
+            )
+        )
+        self._release()
+
+    def _send(self, method: Any) -> None:
+        self.writer.send(frames.encode_method(self.number, method))
+
+    # -- dispatch ---------------------------------------------------------------------------
+    def _method(self, payload: bytes) -> None:
+        if payload[:4] == _ACK_PREFIX:
+            tag, multiple = frames.decode_ack(payload)
+            self._on_ack(tag, multiple)
+            return
+        method = frames.decode_method(payload)
+        handler = _HANDLERS.get(type(method))
+        if handler is None:
+            raise ConnectionError_(
+                NOT_IMPLEMENTED,
+                f"method {method.name} not implemented",
+                _ids(method),
+            )
+        try:
+            handler(self, method)
+        except AMQPError as exc:
+            if exc.method == (0, 0):
+                exc.method = _ids(method)
+            raise
+
+    # -- permissions ------------------------------------------------------------------------
+    def _check(self, kind: str, what: str, name: str) -> None:
+        perms = self.reader.permissions
+        pattern: re.Pattern[str] | None = getattr(perms, kind) if perms else None
+        resource = name or "amq.default"
+        if pattern is None or not pattern.fullmatch(resource):
+            raise ChannelError(
+                ACCESS_REFUSED,
+                f"access to {what} '{resource}' in vhost '{self.vhost.name}' refused for "
+                f"user '{self.user}'",
+            )
+
+    # -- channel ----------------------------------------------------------------------------
+    def _channel_close(self, m: commands.Channel.Close) -> None:
+        self._release()
+        self.closed = True
+        self._send(commands.Channel.CloseOk())
+        self.reader.channel_closed(self)
+
+    def _channel_flow(self, m: commands.Channel.Flow) -> None:
+        self.flow_active = bool(m.active)
+        self._send(commands.Channel.FlowOk(active=self.flow_active))
+        if self.flow_active:
+            self.wake_queues()
+
+    def _channel_open(self, m: commands.Channel.Open) -> None:
+        raise ConnectionError_(504, "second 'channel.open' seen", (20, 10))
+
+    # -- exchanges --------------------------------------------------------------------------
+    def _exchange_declare(self, m: commands.Exchange.Declare) -> None:
+        if not m.passive:
+            self._check("configure", "exchange", m.exchange)
+        self.vhost.declare_exchange(
+            m.exchange,
+            m.exchange_type,
+            passive=m.passive,
+            durable=m.durable,
+            auto_delete=m.auto_delete,
+            internal=m.internal,
+            arguments=m.arguments or {},
+        )
+        if not m.nowait:
+            self._send(commands.Exchange.DeclareOk())
+
+    def _exchange_delete(self, m: commands.Exchange.Delete) -> None:
+        self._check("configure", "exchange", m.exchange)
+        self.vhost.delete_exchange(m.exchange, m.if_unused)
+        self._write_ok.discard(m.exchange)
+        if not m.nowait:
+            self._send(commands.Exchange.DeleteOk())
+
+    def _exchange_bind(self, m: commands.Exchange.Bind) -> None:
+        self._check("write", "exchange", m.destination)
+        self._check("read", "exchange", m.source)
+        self.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments or {})
+        if not m.nowait:
+            self._send(commands.Exchange.BindOk())
+
+    def _exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
+        self._check("write", "exchange", m.destination)
+        self._check("read", "exchange", m.source)
+        self.vhost.unbind_exchange(m.destination, m.source, m.routing_key, m.arguments or {})
+        if not m.nowait:
+            self._send(commands.Exchange.UnbindOk())
+
+    # -- queues -----------------------------------------------------------------------------
+    def _queue_declare(self, m: commands.Queue.Declare) -> None:
+        if not m.passive and m.queue:
+            self._check("configure", "queue", m.queue)
+        q = self.vhost.declare_queue(
+            m.queue,
+            passive=m.passive,
+            durable=m.durable,
+            exclusive=m.exclusive,
+            auto_delete=m.auto_delete,
+            arguments=m.arguments or {},
+            owner=self.reader,
+        )
+        if not m.nowait:
+            self._send(
+                commands.Queue.DeclareOk(
+                    queue=q.name, message_count=q.message_count, consumer_count=q.consumer_count
+                )
+            )
+
+    def _queue_bind(self, m: commands.Queue.Bind) -> None:
+        self._check("write", "queue", m.queue)
+        self._check("read", "exchange", m.exchange)
+        q = self.vhost.queue(m.queue, self.reader)
+        self.vhost.bind_queue(q, m.exchange, m.routing_key, m.arguments or {})
+        if not m.nowait:
+            self._send(commands.Queue.BindOk())
+
+    def _queue_unbind(self, m: commands.Queue.Unbind) -> None:
+        self._check("write", "queue", m.queue)
+        self._check("read", "exchange", m.exchange)
+        q = self.vhost.queue(m.queue, self.reader)
+        self.vhost.unbind_queue(q, m.exchange, m.routing_key, m.arguments or {})
+        self._send(commands.Queue.UnbindOk())
+
+    def _queue_purge(self, m: commands.Queue.Purge) -> None:
+        self._check("read", "queue", m.queue)
+        q = self.vhost.queue(m.queue, self.reader)
+        count = q.purge()
+        if not m.nowait:
+            self._send(commands.Queue.PurgeOk(message_count=count))
+
+    def _queue_delete(self, m: commands.Queue.Delete) -> None:
+        self._check("configure", "queue", m.queue)
+        q = self.vhost.queues.get(m.queue)
+        if q is None:
+            count = 0  # RabbitMQ: deleting a missing queue succeeds
+        else:
+            self.vhost.queue(m.queue, self.reader)
+            count = self.vhost.delete_queue(q, if_unused=m.if_unused, if_empty=m.if_empty)
+        if not m.nowait:
+            self._send(commands.Queue.DeleteOk(message_count=count))
+
+    # -- basic: qos, consume, cancel, get ---------------------------------------------------
+    def _basic_qos(self, m: commands.Basic.Qos) -> None:
+        if m.prefetch_size:
+            raise ConnectionError_(NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})")
+        if m.global_:
+            self.global_prefetch = m.prefetch_count
+        else:
+            self.prefetch_count = m.prefetch_count
+        self._send(commands.Basic.QosOk())
+        self.wake_queues()
+
+    def _basic_consume(self, m: commands.Basic.Consume) -> None:
+        self._check("read", "queue", m.queue)
+        q = self.vhost.queue(m.queue, self.reader)
+        tag = m.consumer_tag or "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode(
+        ).rstrip("=")
+        if tag in self.consumers:
+            raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        if q.has_exclusive_consumer() or (m.exclusive and q.consumers):
+            raise ChannelError(
+                ACCESS_REFUSED,
+                f"queue '{q.name}' in vhost '{self.vhost.name}' in exclusive use",
+            )
+        consumer = Consumer(
+            tag,
+            self,
+            q,
+            no_ack=m.no_ack,
+            exclusive=m.exclusive,
+            prefetch=self.prefetch_count,
+            arguments=m.arguments,
+        )
+        self.consumers[tag] = consumer
+        if not m.nowait:
+            self._send(commands.Basic.ConsumeOk(consumer_tag=tag))
+        q.add_consumer(consumer)
+
+    def _basic_cancel(self, m: commands.Basic.Cancel) -> None:
+        consumer = self.consumers.pop(m.consumer_tag, None)
+        if not m.nowait:
+            self._send(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
+        if consumer is not None:
+            consumer.queue.remove_consumer(consumer)
+
+    def consumer_cancelled_by_queue(self, consumer: Consumer) -> None:
+        """The queue went away: tell the client (consumer_cancel_notify)."""
+        if self.consumers.pop(consumer.tag, None) is None or self.closed or self.closing:
+            return
+        if self.reader.client_capability("consumer_cancel_notify"):
+            self._send(commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
+
+    def _basic_get(self, m: commands.Basic.Get) -> None:
+        self._check("read", "queue", m.queue)
+        q = self.vhost.queue(m.queue, self.reader)
+        got = q.get(not m.no_ack)
+        if got is None:
+            self._send(commands.Basic.GetEmpty())
+            return
+        (seq, msg, redelivered, _), remaining = got
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        if not m.no_ack:
+            self.unacked[tag] = (q, seq, None)
+        self.writer.send_many(
+            frames.encode_get_ok(
+                self.number,
+                tag,
+                redelivered,
+                msg.exchange,
+                msg.routing_key,
+                remaining,
+                msg.props,
+                msg.body,
+                self.frame_max,
+            )
+        )
+
+    # -- delivery (called by queues) --------------------------------------------------------
+    def can_deliver(self) -> bool:
+        return self.flow_active and not self.writer.paused and not self.closing and not self.closed
+
+    def can_deliver_acked(self) -> bool:
+        if self.global_prefetch and self.consumer_unacked >= self.global_prefetch:
+            return False
+        return self.can_deliver()
+
+    def deliver(self, consumer: Consumer, queue: AMQQueue, entry: Entry) -> None:
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        msg = entry[1]
+        if not consumer.no_ack:
+            self.unacked[tag] = (queue, entry[0], consumer)
+            consumer.unacked += 1
+            self.consumer_unacked += 1
+        self.writer.send_many(
+            frames.encode_deliver(
+                self.number,
+                consumer.tag_sstr,
+                tag,
+                entry[2],
+                msg.exchange,
+                msg.routing_key,
+                msg.props,
+                msg.body,
+                self.frame_max,
+            )
+        )
+
+    def wake_queues(self) -> None:
+        for q in {c.queue for c in self.consumers.values()}:
+            q.wake()
+
+    # -- acks from the client ---------------------------------------------------------------
+    def _take_unacked(self, tag: int, multiple: bool) -> list[tuple[AMQQueue, int, Any]]:
+        unacked = self.unacked
+        if multiple:
+            out = []
+            if tag == 0:
+                out = list(unacked.values())
+                unacked.clear()
+            else:
+                while unacked:
+                    first = next(iter(unacked))
+                    if first > tag:
+                        break
+                    out.append(unacked.popitem(last=False)[1])
+                if not out:
+                    raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+            return out
+        record = unacked.pop(tag, None)
+        if record is None:
+            raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+        return [record]
+
+    def _settle(self, records: list[tuple[AMQQueue, int, Any]], action: str, requeue: bool) -> None:
+        by_queue: dict[AMQQueue, list[int]] = {}
+        freed = 0
+        for queue, seq, consumer in records:
+            if consumer is not None:
+                consumer.unacked -= 1
+                freed += 1
+            lst = by_queue.get(queue)
+            if lst is None:
+                by_queue[queue] = [seq]
+            else:
+                lst.append(seq)
+        self.consumer_unacked -= freed
+        for queue, seqs in by_queue.items():
+            if queue.deleted:
+                continue
+            if action == "ack":
+                queue.ack(seqs)
+            else:
+                queue.reject(seqs, requeue)
+        if freed and self.global_prefetch:
+            self.wake_queues()
+
+    def _on_ack(self, tag: int, multiple: bool) -> None:
+        if self.tx:
+            self._tx_check(tag, multiple)
+            self._tx_acks.append(("ack", tag, multiple, False))
+            return
+        self._settle(self._take_unacked(tag, multiple), "ack", False)
+
+    def _basic_ack(self, m: commands.Basic.Ack) -> None:
+        self._on_ack(m.delivery_tag, m.multiple)
+
+    def _basic_nack(self, m: commands.Basic.Nack) -> None:
+        if self.tx:
+            self._tx_check(m.delivery_tag, m.multiple)
+            self._tx_acks.append(("reject", m.delivery_tag, m.multiple, m.requeue))
+            return
+        self._settle(self._take_unacked(m.delivery_tag, m.multiple), "reject", m.requeue)
+
+    def _basic_reject(self, m: commands.Basic.Reject) -> None:
+        if self.tx:
+            self._tx_check(m.delivery_tag, False)
+            self._tx_acks.append(("reject", m.delivery_tag, False, m.requeue))
+            return
+        self._settle(self._take_unacked(m.delivery_tag, False), "reject", m.requeue)
+
+    def _basic_recover(self, m: commands.Basic.Recover) -> None:
+        self._recover()
+        self._send(commands.Basic.RecoverOk())
+
+    def _basic_recover_async(self, m: commands.Basic.RecoverAsync) -> None:
+        self._recover()
+
+    def _recover(self) -> None:
+        records = list(self.unacked.values())
+        self.unacked.clear()
+        self._settle(records, "reject", True)
+
+    # -- publishing -------------------------------------------------------------------------
+    def _publish(self, method: bytes, props: bytes, body: bytes) -> None:
+        exchange, routing_key, mandatory, immediate = frames.decode_publish(method)
+        if immediate:
+            raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true", (60, 40))
+        ex = self.vhost.exchanges.get(exchange)
+        if ex is None or exchange not in self._write_ok:
+            try:
+                self._check("write", "exchange", exchange)
+                ex = self.vhost.exchange(exchange)
+            except AMQPError as exc:
+                exc.method = (60, 40)
+                raise
+            if ex.internal:
+                raise ChannelError(
+                    ACCESS_REFUSED,
+                    f"cannot publish to internal exchange '{exchange}' in vhost "
+                    f"'{self.vhost.name}'",
+                    (60, 40),
+                )
+            self._write_ok.add(exchange)
+        msg = Message(exchange, routing_key, props, body)
+        self.published += 1
+        seq = 0
+        if self.confirm:
+            self.publish_seq += 1
+            seq = self.publish_seq
+        if self.tx:
+            self._tx_publishes.append((ex, msg, mandatory))
+            return
+        self._route(ex, msg, mandatory, seq)
+
+    def _route(self, ex: Exchange, msg: Message, mandatory: bool, seq: int) -> None:
+        queues = self.vhost.route(ex, msg)
+        if not queues:
+            if mandatory:
+                self.writer.send_many(
+                    frames.encode_return(
+                        self.number,
+                        NO_ROUTE,
+                        "NO_ROUTE",
+                        msg.exchange,
+                        msg.routing_key,
+                        msg.props,
+                        msg.body,
+                        self.frame_max,
+                    )
+                )
+            if seq:
+                if self.reader.unroutable_nack and not mandatory:
+                    self._nacks.append(seq)
+                else:
+                    self._acks.append(seq)
+                self._schedule_confirms()
+            return
+        if msg.props and msg.props[0] & 0x20 and "BCC" in msg.headers:
+            props = msg.properties
+            headers = dict(props.headers or {})
+            headers.pop("BCC", None)
+            props.headers = headers
+            msg = msg.with_properties(props)
+        batch = self._batch
+        n = 0
+        for q in queues:
+            items = batch.get(q)
+            if items is None:
+                batch[q] = [(msg, seq)]
+            else:
+                items.append((msg, seq))
+            n += 1
+        if seq:
+            self.unconfirmed[seq] = n
+
+    def _flush_batch(self) -> None:
+        batch = self._batch
+        if batch:
+            posted = self._posted
+            for q, items in batch.items():
+                q.backlog += len(items)
+                q.post_publishes(self, items)
+                posted.add(q)
+            batch.clear()
+
+    def downstream_blocked(self) -> bool:
+        """A queue we publish to has more than its credit of our messages unprocessed."""
+        posted = self._posted
+        if not posted:
+            return False
+        blocked = False
+        for q in list(posted):
+            if q.backlog <= 0 or q.deleted:
+                posted.discard(q)
+            elif q.backlog >= QUEUE_CREDIT:
+                blocked = True
+        return blocked
+
+    # -- confirms ---------------------------------------------------------------------------
+    def _confirm_select(self, m: commands.Confirm.Select) -> None:
+        if self.tx:
+            raise ChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
+        self.confirm = True
+        if not m.nowait:
+            self._send(commands.Confirm.SelectOk())
+
+    def queue_confirmed(self, queue: AMQQueue, seqs: list[int], rejected: list[int]) -> None:
+        if self.closed or not self.confirm:
+            return
+        unconfirmed = self.unconfirmed
+        for seq in seqs:
+            left = unconfirmed.get(seq)
+            if left is None:
+                continue
+            if left == 1:
+                del unconfirmed[seq]
+                self._acks.append(seq)
+            else:
+                unconfirmed[seq] = left - 1
+        for seq in rejected:
+            if unconfirmed.pop(seq, None) is not None:
+                self._nacks.append(seq)
+        self._schedule_confirms()
+
+    def _schedule_confirms(self) -> None:
+        if not self._confirm_flush_scheduled:
+            self._confirm_flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_confirms)
+
+    def _flush_confirms(self) -> None:
+        self._confirm_flush_scheduled = False
+        if self.closed or self.closing:
+            return
+        out: list[bytes] = []
+        ch = self.number
+        if self._nacks:
+            for seq in sorted(self._nacks):
+                out.append(frames.encode_basic_nack(ch, seq, False))
+            self._nacks = []
+        acks = self._acks
+        if acks:
+            self._acks = []
+            acks.sort()
+            low = next(iter(self.unconfirmed)) if self.unconfirmed else None
+            below = acks if low is None else [a for a in acks if a < low]
+            if below:
+                out.append(frames.encode_basic_ack(ch, below[-1], len(below) > 1))
+            if len(below) < len(acks):
+                for a in acks[len(below) :]:
+                    out.append(frames.encode_basic_ack(ch, a, False))
+        if out:
+            self.writer.send_many(out)
+
+    # -- transactions -----------------------------------------------------------------------
+    def _tx_select(self, m: commands.Tx.Select) -> None:
+        if self.confirm:
+            raise ChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
+        self.tx = True
+        self._send(commands.Tx.SelectOk())
+
+    def _tx_check(self, tag: int, multiple: bool) -> None:
+        if not multiple and tag not in self.unacked:
+            raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+
+    def _tx_commit(self, m: commands.Tx.Commit) -> None:
+        if not self.tx:
+            raise ChannelError(PRECONDITION_FAILED, "channel is not transactional")
+        publishes, self._tx_publishes = self._tx_publishes, []
+        for ex, msg, mandatory in publishes:
+            self._route(ex, msg, mandatory, 0)
+        acks, self._tx_acks = self._tx_acks, []
+        for action, tag, multiple, requeue in acks:
+            if multiple or tag in self.unacked:
+                self._settle(self._take_unacked(tag, multiple), action, requeue)
+        self._flush_batch()
+        self._send(commands.Tx.CommitOk())
+
+    def _tx_rollback(self, m: commands.Tx.Rollback) -> None:
+        if not self.tx:
+            raise ChannelError(PRECONDITION_FAILED, "channel is not transactional")
+        self._tx_publishes.clear()
+        self._tx_acks.clear()
+        self._send(commands.Tx.RollbackOk())
+
+    # -- introspection ----------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "connection": self.reader.name,
+            "user": self.user,
+            "vhost": self.vhost.name,
+            "confirm": self.confirm,
+            "transactional": self.tx,
+            "consumer_count": len(self.consumers),
+            "messages_unacknowledged": len(self.unacked),
+            "messages_unconfirmed": len(self.unconfirmed),
+            "prefetch_count": self.prefetch_count,
+            "global_prefetch_count": self.global_prefetch,
+        }
+
+
+def _ids(method: Any) -> tuple[int, int]:
+    index = method.index
+    return index >> 16, index & 0xFFFF
+
+
+_HANDLERS: dict[type, Any] = {
+    commands.Channel.Close: Channel._channel_close,
+    commands.Channel.Flow: Channel._channel_flow,
+    commands.Channel.Open: Channel._channel_open,
+    commands.Exchange.Declare: Channel._exchange_declare,
+    commands.Exchange.Delete: Channel._exchange_delete,
+    commands.Exchange.Bind: Channel._exchange_bind,
+    commands.Exchange.Unbind: Channel._exchange_unbind,
+    commands.Queue.Declare: Channel._queue_declare,
+    commands.Queue.Bind: Channel._queue_bind,
+    commands.Queue.Unbind: Channel._queue_unbind,
+    commands.Queue.Purge: Channel._queue_purge,
+    commands.Queue.Delete: Channel._queue_delete,
+    commands.Basic.Qos: Channel._basic_qos,
+    commands.Basic.Consume: Channel._basic_consume,
+    commands.Basic.Cancel: Channel._basic_cancel,
+    commands.Basic.Get: Channel._basic_get,
+    commands.Basic.Ack: Channel._basic_ack,
+    commands.Basic.Nack: Channel._basic_nack,
+    commands.Basic.Reject: Channel._basic_reject,
+    commands.Basic.Recover: Channel._basic_recover,
+    commands.Basic.RecoverAsync: Channel._basic_recover_async,
+    commands.Confirm.Select: Channel._confirm_select,
+    commands.Tx.Select: Channel._tx_select,
+    commands.Tx.Commit: Channel._tx_commit,
+    commands.Tx.Rollback: Channel._tx_rollback,
+}

@@ -1,0 +1,583 @@
+"""The reader (RabbitMQ's rabbit_reader): one asyncio Protocol per client connection.
+
+It cuts frames from the socket in bulk, runs the connection handshake, assembles content per
+channel and posts commands to channel tasks. It is also where back-pressure ends: when credit
+towards a channel runs out, or an alarm blocks publishers, it pauses reading its socket."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import itertools
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from pamqp import commands
+
+from broker import __version__
+from broker.protocol import frames
+from broker.protocol.command_assembler import CommandAssembler
+from broker.protocol.constants import (
+    CHANNEL_ERROR,
+    COMMAND_INVALID,
+    CONNECTION_FORCED,
+    FRAME_ERROR,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    FRAME_MIN_SIZE,
+    NOT_ALLOWED,
+    PROTOCOL_HEADER,
+)
+from broker.protocol.errors import AMQPError, ChannelError, ConnectionError_
+from broker.server.channel import Channel
+from broker.server.writer import Writer
+
+if TYPE_CHECKING:
+    from broker.auth import Permissions
+    from broker.node import Node
+    from broker.routing.vhost import VHost
+
+__all__ = ["Reader"]
+
+log = structlog.get_logger("hare.connection")
+
+_CHANNEL_OPEN = (0x00140000 | 10).to_bytes(4, "big")
+_CHANNEL_CLOSE = (0x00140000 | 40).to_bytes(4, "big")
+_CHANNEL_CLOSE_OK = (0x00140000 | 41).to_bytes(4, "big")
+
+_ids = itertools.count(1)
+
+# Handshake states; OPENED is the running state.
+AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPENED, CLOSING, CLOSED = range(7)
+
+SERVER_CAPABILITIES = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "consumer_priorities": False,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+    "direct_reply_to": False,
+}
+
+
+class Reader(asyncio.Protocol):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.settings = node.settings
+        self.loop = asyncio.get_running_loop()
+        self.name = f"conn-{next(_ids)}"
+        self.state = AWAIT_HEADER
+        self.transport: asyncio.Transport | None = None
+        self.writer: Writer = None  # type: ignore[assignment]  # set in connection_made
+        self.peer = ("?", 0)
+        self.user = ""
+        self.vhost: VHost = None  # type: ignore[assignment]
+        self.permissions: Permissions | None = None
+        self.client_properties: dict[str, Any] = {}
+        self.channel_max = node.settings.channel_max
+        self.frame_max = node.settings.frame_max
+        self.heartbeat = node.settings.heartbeat_s
+        self.cutter = frames.FrameCutter(FRAME_MIN_SIZE)
+        self.channels: dict[int, Channel] = {}
+        self.assemblers: dict[int, CommandAssembler] = {}
+        self._header_buf = b""
+        self._timer: asyncio.TimerHandle | None = None
+        self._recv_activity = True
+        self._missed = 0
+        self._paused_reading = False
+        self.blocked_by_credit = False
+        self.alarm_blocked = False  # an alarm is raised: stop reading after the next publish
+        self.unroutable_nack = node.settings.unroutable == "nack"
+        self.credit_limit = node.settings.credit_flow_initial_credit
+        self.credit_resume = max(1, self.credit_limit - node.settings.credit_flow_more_credit_after)
+        self.opened_at = 0.0
+        self.bytes_in = 0
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.writer = Writer(transport, self.loop)
+        self.writer.on_resume = self._on_writer_resume
+        peer = transport.get_extra_info("peername")
+        if peer:
+            self.peer = (peer[0], peer[1])
+        self.node.connection_opened(self)
+        self._timer = self.loop.call_later(
+            self.settings.handshake_timeout_s, self._handshake_timeout
+        )
+
+    def data_received(self, data: bytes) -> None:
+        self._recv_activity = True
+        self.bytes_in += len(data)
+        state = self.state
+        if state == AWAIT_HEADER:
+            data = self._protocol_header(data)
+            if not data:
+                return
+        if state == CLOSED:
+            return
+        try:
+            batch = self.cutter.feed(data)
+            for ftype, channel, payload in batch:
+                if channel == 0:
+                    self._connection_frame(ftype, payload)
+                else:
+                    self._channel_frame(ftype, channel, payload)
+                if self.state == CLOSED:
+                    return
+        except ConnectionError_ as exc:
+            self.connection_error(exc)
+            return
+        self._throttle()
+
+    def pause_writing(self) -> None:
+        self.writer.pause()
+
+    def resume_writing(self) -> None:
+        self.writer.resume()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        prev = self.state
+        self.state = CLOSED
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for ch in self.channels.values():
+            ch.stop()
+        self.channels.clear()
+        if self.vhost is not None:
+            self.vhost.drop_exclusive(self)
+        self.node.connection_closed(self)
+        if prev == OPENED:
+            log.info(
+                "connection closed abruptly", conn=self.name, peer=self._peer(), user=self.user
+            )
+
+    # -- handshake --------------------------------------------------------------------------
+    def _protocol_header(self, data: bytes) -> bytes:
+        buf = self._header_buf + data
+        if len(buf) < 8 and PROTOCOL_HEADER.startswith(buf):
+            self._header_buf = buf
+            return b""
+        header, rest = buf[:8], buf[8:]
+        self._header_buf = b""
+        if header != PROTOCOL_HEADER:
+            log.warning("bad protocol header", peer=self._peer(), header=header[:8])
+            assert self.transport is not None
+            self.transport.write(PROTOCOL_HEADER)
+            self.state = CLOSED
+            self.transport.close()
+            return b""
+        self.state = AWAIT_START_OK
+        self._send0(
+            commands.Connection.Start(
+                version_major=0,
+                version_minor=9,
+                server_properties={
+                    "product": "Hare",
+                    "version": __version__,
+                    "platform": "Python",
+                    "copyright": "Hare developers",
+                    "information": "AMQP 0-9-1 broker, see README",
+                    "cluster_name": self.node.name,
+                    "capabilities": SERVER_CAPABILITIES,
+                },
+                mechanisms="PLAIN AMQPLAIN",
+                locales="en_US",
+            )
+        )
+        return rest
+
+    def _connection_frame(self, ftype: int, payload: bytes) -> None:
+        if ftype == FRAME_HEARTBEAT:
+            return
+        if ftype != FRAME_METHOD:
+            raise ConnectionError_(
+                COMMAND_INVALID if self.state < OPENED else FRAME_ERROR,
+                f"unexpected frame type {ftype} on channel 0",
+            )
+        method = frames.decode_method(payload)
+        state = self.state
+        if state == CLOSING:
+            if isinstance(method, commands.Connection.CloseOk | commands.Connection.Close):
+                if isinstance(method, commands.Connection.Close):
+                    self._send0(commands.Connection.CloseOk())
+                self._close_transport()
+            return
+        if state == AWAIT_START_OK and isinstance(method, commands.Connection.StartOk):
+            self._start_ok(method)
+        elif state == AWAIT_TUNE_OK and isinstance(method, commands.Connection.TuneOk):
+            self._tune_ok(method)
+        elif state == AWAIT_OPEN and isinstance(method, commands.Connection.Open):
+            self._open(method)
+        elif state == OPENED and isinstance(method, commands.Connection.Close):
+            self._client_close(method)
+        elif state == OPENED and isinstance(method, commands.Connection.CloseOk):
+            return
+        elif state == OPENED and isinstance(method, commands.Connection.UpdateSecret):
+            self._send0(commands.Connection.UpdateSecretOk())
+        elif state == OPENED and isinstance(
+            method, commands.Connection.Blocked | commands.Connection.Unblocked
+        ):
+            return
+        else:
+            index = method.index
+            raise ConnectionError_(
+                COMMAND_INVALID if state < OPENED else CHANNEL_ERROR,
+                f"unexpected method {method.name} on channel 0",
+                (index >> 16, index & 0xFFFF),
+            )
+
+    def _start_ok(self, m: commands.Connection.StartOk) -> None:
+        self.client_properties = m.client_properties or {}
+        try:
+            self.user = self.node.auth.authenticate(
+                m.mechanism, m.response, loopback=self._is_loopback()
+            )
+        except AMQPError as exc:
+            log.warning(
+                "authentication failed", peer=self._peer(), mechanism=m.mechanism, reason=exc.text
+            )
+            self.connection_error(exc)
+            return
+        self.state = AWAIT_TUNE_OK
+        self._send0(
+            commands.Connection.Tune(
+                channel_max=self.channel_max,
+                frame_max=self.frame_max,
+                heartbeat=self.heartbeat,
+            )
+        )
+
+    def _tune_ok(self, m: commands.Connection.TuneOk) -> None:
+        if m.frame_max and m.frame_max < FRAME_MIN_SIZE:
+            raise ConnectionError_(
+                NOT_ALLOWED, f"frame_max={m.frame_max} < {FRAME_MIN_SIZE} min size"
+            )
+        if m.frame_max > self.frame_max:
+            raise ConnectionError_(
+                NOT_ALLOWED, f"frame_max={m.frame_max} > {self.frame_max} max size"
+            )
+        if m.channel_max > self.channel_max:
+            raise ConnectionError_(
+                NOT_ALLOWED, f"channel_max={m.channel_max} > {self.channel_max} max"
+            )
+        if m.frame_max:
+            self.frame_max = m.frame_max
+        if m.channel_max:
+            self.channel_max = m.channel_max
+        self.heartbeat = m.heartbeat
+        self.cutter.frame_max = self.frame_max
+        self.state = AWAIT_OPEN
+
+    def _open(self, m: commands.Connection.Open) -> None:
+        vhost = self.node.vhosts.get(m.virtual_host)
+        if vhost is None:
+            raise ConnectionError_(NOT_ALLOWED, f"vhost {m.virtual_host} not found", (10, 40))
+        perms = self.node.auth.permissions(self.user, m.virtual_host)
+        if perms is None:
+            raise ConnectionError_(
+                NOT_ALLOWED,
+                f"access to vhost '{m.virtual_host}' refused for user '{self.user}'",
+                (10, 40),
+            )
+        self.vhost = vhost
+        self.permissions = perms
+        self.state = OPENED
+        self.opened_at = self.loop.time()
+        self._send0(commands.Connection.OpenOk())
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.heartbeat:
+            self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
+        if self.node.alarms_active():
+            self.on_alarm(self.node.alarms_active())
+        log.info(
+            "connection opened",
+            conn=self.name,
+            peer=self._peer(),
+            user=self.user,
+            vhost=vhost.name,
+            client=_client_name(self.client_properties),
+        )
+
+    def _handshake_timeout(self) -> None:
+        self._timer = None
+        if self.state < OPENED:
+            log.warning("handshake timeout", peer=self._peer(), state=self.state)
+            self._close_transport()
+
+    # -- heartbeats -------------------------------------------------------------------------
+    def _heartbeat_tick(self) -> None:
+        self._timer = None
+        if self.state != OPENED:
+            return
+        if self._recv_activity:
+            self._recv_activity = False
+            self._missed = 0
+        else:
+            self._missed += 1
+            if self._missed >= 4:  # two heartbeat intervals, ticking twice an interval
+                log.warning(
+                    "missed heartbeats from client",
+                    conn=self.name,
+                    peer=self._peer(),
+                    timeout_s=self.heartbeat,
+                )
+                self._close_transport()
+                return
+        if not self.writer.activity:
+            self.writer.send(frames.HEARTBEAT_FRAME)
+        self.writer.activity = False
+        self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
+
+    # -- channels ---------------------------------------------------------------------------
+    def _channel_frame(self, ftype: int, number: int, payload: bytes) -> None:
+        if self.state != OPENED:
+            if self.state == CLOSING:
+                return
+            raise ConnectionError_(COMMAND_INVALID, "frame on a channel before connection.open")
+        ch = self.channels.get(number)
+        if ch is None:
+            if ftype == FRAME_METHOD and payload[:4] == _CHANNEL_OPEN:
+                self._open_channel(number)
+                return
+            if ftype == FRAME_HEARTBEAT:
+                raise ConnectionError_(FRAME_ERROR, "heartbeat frame on a non-zero channel")
+            raise ConnectionError_(CHANNEL_ERROR, f"expected 'channel.open' on channel {number}")
+        if ch.closing:
+            self._closing_frame(number, ftype, payload)
+            return
+        if ftype == FRAME_HEARTBEAT:
+            raise ConnectionError_(FRAME_ERROR, "heartbeat frame on a non-zero channel")
+        cmd = self.assemblers[number].frame(ftype, payload)
+        if cmd is None:
+            return
+        if cmd[0] == "content":
+            ch.inflight += 1
+            if self.alarm_blocked:
+                ch.published_since_alarm = True
+        elif payload[:4] == _CHANNEL_CLOSE:
+            # the number is free again as soon as the client closed it
+            del self.channels[number]
+            del self.assemblers[number]
+        ch.post(cmd)
+
+    def _closing_frame(self, number: int, ftype: int, payload: bytes) -> None:
+        """We sent channel.close: drop everything but close / close-ok, as the spec says."""
+        if ftype != FRAME_METHOD:
+            return
+        head = payload[:4]
+        if head in (_CHANNEL_CLOSE_OK, _CHANNEL_CLOSE):
+            if head == _CHANNEL_CLOSE:
+                self.writer.send(frames.encode_method(number, commands.Channel.CloseOk()))
+            ch = self.channels.pop(number, None)
+            self.assemblers.pop(number, None)
+            if ch is not None:
+                ch.stop()
+
+    def _open_channel(self, number: int) -> None:
+        if number > self.channel_max:
+            raise ConnectionError_(
+                CHANNEL_ERROR, f"channel number {number} exceeds channel_max {self.channel_max}"
+            )
+        ch = Channel(number, self)
+        self.channels[number] = ch
+        self.assemblers[number] = CommandAssembler()
+        ch.start()
+        self.writer.send(frames.encode_method(number, commands.Channel.OpenOk()))
+
+    def channel_closed(self, ch: Channel) -> None:
+        """The channel task processed a client channel.close."""
+        if self.channels.get(ch.number) is ch:
+            del self.channels[ch.number]
+            self.assemblers.pop(ch.number, None)
+        ch.stop()
+
+    # -- back-pressure ----------------------------------------------------------------------
+    def _throttle(self) -> None:
+        """Pause the socket when a channel has used its credit or an alarm blocks us."""
+        if self._paused_reading or self.transport is None:
+            return
+        limit = self.credit_limit
+        blocked = self.alarm_blocked and self._published_since_alarm
+        if not blocked:
+            for ch in self.channels.values():
+                if ch.inflight >= limit or ch.downstream_blocked():
+                    blocked = True
+                    self.blocked_by_credit = True
+                    break
+        if blocked:
+            self._paused_reading = True
+            self.transport.pause_reading()
+
+    def channel_progress(self, ch: Channel) -> None:
+        """A channel processed publishes: credit came back; maybe resume reading."""
+        if self._paused_reading and ch.inflight <= self.credit_resume:
+            self._maybe_resume()
+
+    def credit_returned(self) -> None:
+        """A queue took a channel's backlog: maybe resume reading."""
+        if self._paused_reading:
+            self._maybe_resume()
+
+    def _maybe_resume(self) -> None:
+        if not self._paused_reading or self.transport is None or self.state != OPENED:
+            return
+        if self.alarm_blocked and self._published_since_alarm:
+            return
+        for ch in self.channels.values():
+            if ch.inflight > self.credit_resume or ch.downstream_blocked():
+                return
+        self._paused_reading = False
+        self.blocked_by_credit = False
+        self.transport.resume_reading()
+
+    @property
+    def _published_since_alarm(self) -> bool:
+        return any(ch.published_since_alarm for ch in self.channels.values())
+
+    def on_alarm(self, resources: set[str]) -> None:
+        """The node's alarm set changed: connection.blocked / unblocked, as RabbitMQ."""
+        if self.state != OPENED:
+            return
+        blocked = bool(resources)
+        if blocked == self.alarm_blocked:
+            return
+        self.alarm_blocked = blocked
+        for ch in self.channels.values():
+            ch.published_since_alarm = False
+        if blocked:
+            reason = "low on " + " and ".join(sorted(r for r in resources))
+            if self.client_capability("connection.blocked"):
+                self._send0(commands.Connection.Blocked(reason=reason))
+        else:
+            if self.client_capability("connection.blocked"):
+                self._send0(commands.Connection.Unblocked())
+            self._maybe_resume()
+
+    def _on_writer_resume(self) -> None:
+        for ch in self.channels.values():
+            ch.wake_queues()
+
+    # -- closing ----------------------------------------------------------------------------
+    def _client_close(self, m: commands.Connection.Close) -> None:
+        for ch in self.channels.values():
+            ch.stop()
+        self.channels.clear()
+        self._send0(commands.Connection.CloseOk())
+        log.info(
+            "connection closed",
+            conn=self.name,
+            peer=self._peer(),
+            user=self.user,
+            code=m.reply_code,
+            text=m.reply_text,
+        )
+        self.writer.flush()
+        self._close_transport()
+
+    def connection_error(self, exc: AMQPError) -> None:
+        """A hard error (or a forced close): connection.close, then wait for close-ok."""
+        if self.state >= CLOSING:
+            return
+        if isinstance(exc, ChannelError):
+            exc = ConnectionError_(exc.code, exc.text, exc.method)
+        log.warning(
+            "connection error",
+            conn=self.name,
+            peer=self._peer(),
+            user=self.user,
+            code=exc.code,
+            text=exc.text,
+        )
+        was_open = self.state == OPENED
+        self.state = CLOSING
+        for ch in self.channels.values():
+            ch.stop()
+        self.channels.clear()
+        self._send0(
+            commands.Connection.Close(
+                reply_code=exc.code,
+                reply_text=exc.reply_text[:255],
+                class_id=exc.method[0],
+                method_id=exc.method[1],
+            )
+        )
+        if self._timer is not None:
+            self._timer.cancel()
+        # a client that never answers close-ok is dropped (RabbitMQ waits a few seconds)
+        self._timer = self.loop.call_later(1.0 if was_open else 0.1, self._close_transport)
+        if self._paused_reading and self.transport is not None:
+            self._paused_reading = False
+            self.transport.resume_reading()
+
+    def force_close(self, text: str = "broker forced connection closure") -> None:
+        self.connection_error(ConnectionError_(CONNECTION_FORCED, text))
+
+    def _close_transport(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.writer.flush()
+            self.transport.close()
+        self.state = CLOSED if self.state != CLOSED else self.state
+
+    def _send0(self, method: Any) -> None:
+        self.writer.send(frames.encode_method(0, method))
+
+    # -- helpers ----------------------------------------------------------------------------
+    def client_capability(self, name: str) -> bool:
+        caps = self.client_properties.get("capabilities")
+        return bool(isinstance(caps, dict) and caps.get(name))
+
+    def _is_loopback(self) -> bool:
+        try:
+            return ipaddress.ip_address(self.peer[0].split("%")[0]).is_loopback
+        except ValueError:
+            return self.peer[0] in ("", "localhost")  # a unix socket has no IP
+
+    def _peer(self) -> str:
+        return f"{self.peer[0]}:{self.peer[1]}"
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "peer_host": self.peer[0],
+            "peer_port": self.peer[1],
+            "user": self.user,
+            "vhost": self.vhost.name if self.vhost else None,
+            "channels": len(self.channels),
+            "state": "flow"
+            if self.blocked_by_credit
+            else ("blocked" if self._paused_reading else "running"),
+            "frame_max": self.frame_max,
+            "channel_max": self.channel_max,
+            "heartbeat": self.heartbeat,
+            "client_properties": _printable(self.client_properties),
+            "recv_oct": self.bytes_in,
+            "send_oct": self.writer.bytes_out if self.writer else 0,
+        }
+
+
+def _client_name(props: dict[str, Any]) -> str:
+    product = props.get("product", "")
+    version = props.get("version", "")
+    if isinstance(product, bytes):
+        product = product.decode(errors="replace")
+    if isinstance(version, bytes):
+        version = version.decode(errors="replace")
+    return f"{product} {version}".strip()
+
+
+def _printable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _printable(v) for k, v in value.items()}
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, list):
+        return [_printable(v) for v in value]
+    return value
+
