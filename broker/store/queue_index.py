@@ -1,0 +1,563 @@
+"""The per-queue index (RabbitMQ's rabbit_queue_index): which messages a durable queue holds, in
+what order, and whether each was delivered; acks remove entries.
+
+One directory per queue, one segment file per `segment_entries` seq ids (format in
+queue_index_format.py). Small messages (encoded size below `embed_below`) live in the index entry
+itself, so they cost no msg_store write. Operations go to a per-segment journal in memory first:
+a publish acked before the next flush never reaches the disk, and a flush writes each touched
+segment with one write call. A segment whose entries are all acked is deleted.
+
+Recovery replays every segment: a torn last record is cut off, a damaged record in the middle is
+skipped, an unreadable file is moved to ``quarantine/``; each is logged and counted in
+`QueueIndex.stats`. `close()` leaves a clean marker, so the next start knows the index is whole
+(and the message store may trust its own reference counts); `msg_refs()` rebuilds those counts
+from all queue indexes after a dirty stop.
+
+Thread safety: `sync()` is meant to run in an executor thread while the event loop keeps calling
+`publish`/`deliver`/`ack`, so every public method holds one lock; the fsyncs run outside it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import shutil
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import structlog
+
+from broker.store.queue_index_format import (
+    FILE_HEADER_SIZE,
+    REC_ACK,
+    REC_DELIVER,
+    SEGMENT_MAGIC,
+    SEGMENT_SUFFIX,
+    BadHeader,
+    SegmentScan,
+    encode_header,
+    encode_offsets,
+    encode_pub,
+    parse_header,
+    scan_segment,
+    segment_file_name,
+    segment_file_number,
+)
+
+__all__ = ["IndexEntry", "QueueIndex", "RecoveryStats", "msg_refs"]
+
+log = structlog.get_logger(__name__)
+
+CLEAN_MARKER = "clean.dot"  # RabbitMQ's name for the same thing
+QUARANTINE_DIR = "quarantine"
+_CLEAN = struct.Struct(">4sQI")  # magic, next seq_id, crc32 of the two
+_CLEAN_MAGIC = b"HQIC"
+_MAX_OPEN_FILES = 8  # segment descriptors kept open between flushes
+_MAX_JOURNAL_BYTES = 4 << 20  # embedded payload bytes buffered before a forced flush
+
+# per-entry state in a segment's state array
+_ABSENT = 0
+_PUBLISHED = 1
+_DELIVERED = 2
+
+
+@dataclass(slots=True)
+class IndexEntry:
+    seq_id: int
+    msg_id: int
+    payload: bytes | None  # embedded Message.encode() bytes; None: the body is in the msg_store
+    delivered: bool
+
+
+@dataclass(slots=True)
+class RecoveryStats:
+    """What recovery had to repair; counted so management and tests can see it."""
+
+    torn_records: int = 0  # segments whose torn tail was cut off
+    corrupt_records: int = 0  # damaged records skipped in the middle of a segment
+    quarantined_segments: int = 0  # files moved (or copied) into quarantine/
+
+
+class _Segment:
+    """In-memory state of one live segment: entry states, the unflushed journal, its fd."""
+
+    __slots__ = ("acks", "dels", "fd", "number", "pubs", "state", "unacked")
+
+    def __init__(self, number: int, entries: int) -> None:
+        self.number = number
+        self.state = bytearray(entries)  # _ABSENT / _PUBLISHED / _DELIVERED per offset
+        self.unacked = 0
+        self.pubs: dict[int, tuple[int, bytes | None]] = {}  # offset -> (msg_id, payload)
+        self.dels: list[int] = []  # delivers of entries already on disk
+        self.acks: list[int] = []  # acks of entries already on disk
+        self.fd = -1
+
+
+class QueueIndex:
+    def __init__(
+        self,
+        directory: pathlib.Path,
+        *,
+        embed_below: int = 4096,
+        segment_entries: int = 16384,
+        max_journal_entries: int = 32768,
+    ) -> None:
+        self.directory = pathlib.Path(directory)
+        self.embed_below = embed_below
+        self.max_journal_entries = max_journal_entries
+        self.stats = RecoveryStats()
+        self._lock = threading.Lock()
+        self._segments: dict[int, _Segment] = {}
+        self._dirty: set[int] = set()  # segments with journal entries
+        self._unsynced: set[int] = set()  # segments written since the last fsync
+        self._dir_unsynced = False  # a segment file was created or removed
+        self._journal_ops = 0
+        self._journal_bytes = 0
+        self._closed = False
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.segment_entries = _existing_segment_entries(self.directory) or segment_entries
+        if self.segment_entries != segment_entries:
+            log.info(
+                "queue_index.segment_entries_from_disk",
+                directory=str(self.directory),
+                configured=segment_entries,
+                on_disk=self.segment_entries,
+            )
+        # Consume the clean marker now: a crash from here on must look dirty to the next start.
+        self.clean_shutdown, self._next_seq = _take_clean_marker(self.directory)
+
+    # -- writes -------------------------------------------------------------------------------
+    def should_embed(self, size: int) -> bool:
+        return size < self.embed_below
+
+    def publish(self, seq_id: int, msg_id: int, payload: bytes | None) -> None:
+        n = self.segment_entries
+        with self._lock:
+            number, rel = divmod(seq_id, n)
+            seg = self._segments.get(number)
+            if seg is None:
+                seg = self._segments[number] = _Segment(number, n)
+            if not seg.state[rel]:
+                seg.unacked += 1
+            seg.state[rel] = _PUBLISHED
+            seg.pubs[rel] = (msg_id, payload)
+            self._dirty.add(number)
+            if seq_id >= self._next_seq:
+                self._next_seq = seq_id + 1
+            self._journal_ops += 1
+            if payload is not None:
+                self._journal_bytes += len(payload)
+            if self._journal_full():
+                self._flush_locked()
+
+    def deliver(self, seq_ids: Iterable[int]) -> None:
+        n = self.segment_entries
+        with self._lock:
+            seg: _Segment | None = None
+            for seq_id in seq_ids:
+                number, rel = divmod(seq_id, n)
+                if seg is None or seg.number != number:
+                    seg = self._segments.get(number)
+                    if seg is None:
+                        continue
+                if seg.state[rel] != _PUBLISHED:
+                    continue  # unknown, acked or delivered already
+                seg.state[rel] = _DELIVERED
+                if rel not in seg.pubs:  # an unflushed publish carries the flag itself
+                    seg.dels.append(rel)
+                    self._dirty.add(number)
+                    self._journal_ops += 1
+            if self._journal_full():
+                self._flush_locked()
+
+    def ack(self, seq_ids: Iterable[int]) -> None:
+        n = self.segment_entries
+        with self._lock:
+            seg: _Segment | None = None
+            for seq_id in seq_ids:
+                number, rel = divmod(seq_id, n)
+                if seg is None or seg.number != number:
+                    seg = self._segments.get(number)
+                    if seg is None:
+                        continue
+                if not seg.state[rel]:
+                    continue  # unknown or acked already: acks are idempotent
+                seg.state[rel] = _ABSENT
+                seg.unacked -= 1
+                if seg.pubs.pop(rel, None) is None:  # on disk: needs an ack record
+                    seg.acks.append(rel)
+                    self._journal_ops += 1
+                self._dirty.add(number)  # the flush writes the ack or deletes the segment
+            if self._journal_full():
+                self._flush_locked()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush_locked()
+
+    def sync(self) -> None:
+        with self._lock:
+            self._flush_locked()
+            fds: list[int] = []
+            try:
+                for number in self._unsynced:
+                    seg = self._segments.get(number)
+                    if seg is None:
+                        continue  # deleted since: nothing left to make durable
+                    if seg.fd < 0:
+                        seg.fd = self._open_segment(number)
+                    fds.append(os.dup(seg.fd))  # our own fd: a concurrent close cannot reuse it
+            except BaseException:
+                for fd in fds:
+                    os.close(fd)
+                raise
+            self._unsynced.clear()
+            sync_dir, self._dir_unsynced = self._dir_unsynced, False
+        try:
+            for fd in fds:
+                os.fsync(fd)
+            if sync_dir:
+                _fsync_dir(self.directory)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.sync()
+        with self._lock:
+            self._close_fds()
+            _write_clean_marker(self.directory, self._next_seq)
+            self._closed = True
+
+    def delete(self) -> None:
+        with self._lock:
+            self._close_fds()
+            self._segments.clear()
+            self._dirty.clear()
+            self._unsynced.clear()
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self._closed = True
+
+    # -- reads --------------------------------------------------------------------------------
+    def recover(self) -> list[IndexEntry]:
+        """Un-acked entries, ascending seq_id. Repairs what it can (see the module docstring)."""
+        with self._lock:
+            if self._segments:
+                raise RuntimeError("recover() must run before the first publish")
+            for stray in self.directory.glob("*.tmp"):
+                stray.unlink(missing_ok=True)
+            out: list[IndexEntry] = []
+            for number, path in _segment_files(self.directory):
+                scan = self._recover_file(number, path)
+                if scan is None:
+                    continue
+                self._next_seq = max(self._next_seq, scan.max_seq + 1)
+                if not scan.entries:
+                    path.unlink()  # fully acked: RabbitMQ deletes such segments too
+                    self._dir_unsynced = True
+                    continue
+                seg = self._segments[number] = _Segment(number, self.segment_entries)
+                base = number * self.segment_entries
+                for rel in sorted(scan.entries):
+                    msg_id, payload = scan.entries[rel]
+                    delivered = rel in scan.delivered
+                    seg.state[rel] = _DELIVERED if delivered else _PUBLISHED
+                    out.append(IndexEntry(base + rel, msg_id, payload, delivered))
+                seg.unacked = len(scan.entries)
+            log.info(
+                "queue_index.recovered",
+                directory=str(self.directory),
+                entries=len(out),
+                clean=self.clean_shutdown,
+                torn=self.stats.torn_records,
+                corrupt=self.stats.corrupt_records,
+                quarantined=self.stats.quarantined_segments,
+            )
+            return out
+
+    def read(self, start_seq: int, end_seq: int) -> list[IndexEntry]:
+        """Un-acked entries with start_seq <= seq_id < end_seq, ascending."""
+        n = self.segment_entries
+        out: list[IndexEntry] = []
+        if end_seq <= start_seq:
+            return out
+        with self._lock:
+            for number in range(start_seq // n, (end_seq - 1) // n + 1):
+                seg = self._segments.get(number)
+                if seg is None:
+                    continue
+                base = number * n
+                lo, hi = max(start_seq - base, 0), min(end_seq - base, n)
+                state = seg.state
+                live = [rel for rel in range(lo, hi) if state[rel]]
+                if not live:
+                    continue
+                on_disk: dict[int, tuple[int, bytes | None]] = {}
+                if any(rel not in seg.pubs for rel in live):
+                    on_disk = self._read_segment(number).entries
+                for rel in live:
+                    ids = seg.pubs.get(rel) or on_disk.get(rel)
+                    if ids is None:
+                        log.error("queue_index.entry_missing", seq_id=base + rel)
+                        continue
+                    out.append(IndexEntry(base + rel, ids[0], ids[1], state[rel] == _DELIVERED))
+        return out
+
+    def bounds(self) -> tuple[int, int]:
+        """(lowest un-acked seq_id, next seq_id); (next, next) when nothing is un-acked."""
+        with self._lock:
+            for number in sorted(self._segments):
+                seg = self._segments[number]
+                if seg.unacked:
+                    state = seg.state
+                    rel = len(state) - len(state.lstrip(b"\x00"))
+                    return number * self.segment_entries + rel, self._next_seq
+            return self._next_seq, self._next_seq
+
+    # -- internals (called with the lock held) ------------------------------------------------
+    def _journal_full(self) -> bool:
+        return (
+            self._journal_ops >= self.max_journal_entries
+            or self._journal_bytes >= _MAX_JOURNAL_BYTES
+        )
+
+    def _flush_locked(self) -> None:
+        for number in sorted(self._dirty):
+            seg = self._segments.get(number)
+            if seg is None:
+                continue
+            if not seg.unacked:
+                # Deleted here rather than at the last ack, so a crash before this flush
+                # finds the segment exactly as the last flush left it.
+                self._drop_segment(seg)
+                continue
+            buf = bytearray()
+            base = number * self.segment_entries
+            state = seg.state
+            for rel, (msg_id, payload) in seg.pubs.items():
+                encode_pub(buf, base + rel, msg_id, payload, state[rel] == _DELIVERED)
+            if seg.dels:
+                live = [rel for rel in seg.dels if state[rel] == _DELIVERED]
+                if live:
+                    encode_offsets(buf, REC_DELIVER, live)
+            if seg.acks:
+                encode_offsets(buf, REC_ACK, seg.acks)
+            seg.pubs, seg.dels, seg.acks = {}, [], []
+            if buf:
+                if seg.fd < 0:
+                    seg.fd = self._open_segment(number)
+                _write_all(seg.fd, buf)
+                self._unsynced.add(number)
+        self._dirty.clear()
+        self._journal_ops = self._journal_bytes = 0
+        self._limit_open_files()
+
+    def _open_segment(self, number: int) -> int:
+        path = self.directory / segment_file_name(number)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if os.fstat(fd).st_size == 0:
+            _write_all(fd, encode_header(number, self.segment_entries))
+            self._dir_unsynced = True
+        return fd
+
+    def _limit_open_files(self) -> None:
+        open_segs = [s for s in self._segments.values() if s.fd >= 0]
+        if len(open_segs) <= _MAX_OPEN_FILES:
+            return
+        # Keep the newest (the publish head); sync() reopens a closed one to fsync it.
+        open_segs.sort(key=lambda s: s.number)
+        for seg in open_segs[:-_MAX_OPEN_FILES]:
+            os.close(seg.fd)
+            seg.fd = -1
+
+    def _drop_segment(self, seg: _Segment) -> None:
+        """Every entry of `seg` is acked: forget it and delete its file."""
+        if seg.fd >= 0:
+            os.close(seg.fd)
+            seg.fd = -1
+        del self._segments[seg.number]
+        self._unsynced.discard(seg.number)
+        path = self.directory / segment_file_name(seg.number)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            self._dir_unsynced = True
+
+    def _close_fds(self) -> None:
+        for seg in self._segments.values():
+            if seg.fd >= 0:
+                os.close(seg.fd)
+                seg.fd = -1
+
+    def _read_segment(self, number: int) -> SegmentScan:
+        path = self.directory / segment_file_name(number)
+        try:
+            return scan_segment(path.read_bytes())
+        except (FileNotFoundError, BadHeader):
+            return SegmentScan(number, self.segment_entries)
+
+    def _recover_file(self, number: int, path: pathlib.Path) -> SegmentScan | None:
+        """Scan one segment file and repair it on disk; None when nothing of it is usable."""
+        data = path.read_bytes()
+        if len(data) < FILE_HEADER_SIZE and SEGMENT_MAGIC.startswith(data[:4]):
+            # Torn while being created: the header itself never made it to disk.
+            log.warning("queue_index.torn_header_dropped", path=str(path), size=len(data))
+            self.stats.torn_records += 1
+            path.unlink()
+            return None
+        try:
+            scan = scan_segment(data)
+            if scan.number != number or scan.segment_entries != self.segment_entries:
+                raise BadHeader(
+                    f"header says segment {scan.number} of {scan.segment_entries} entries"
+                )
+        except BadHeader as e:
+            log.error("queue_index.segment_unreadable", path=str(path), error=str(e))
+            self._quarantine(path, keep=False)
+            return None
+        if scan.corrupt:
+            self.stats.corrupt_records += len(scan.corrupt)
+            self.stats.torn_records += bool(scan.torn_bytes)
+            log.error(
+                "queue_index.corrupt_records_skipped",
+                path=str(path),
+                records=scan.corrupt,
+                torn_bytes=scan.torn_bytes,
+            )
+            self._rewrite(path, scan)  # the damage must not sit before future appends
+        elif scan.torn_bytes:
+            self.stats.torn_records += 1
+            log.warning(
+                "queue_index.torn_record_dropped",
+                path=str(path),
+                offset=scan.good_end,
+                bytes=scan.torn_bytes,
+            )
+            os.truncate(path, scan.good_end)
+        return scan
+
+    def _rewrite(self, path: pathlib.Path, scan: SegmentScan) -> None:
+        """Replace a damaged segment by one holding only its good live entries; the original
+        goes to quarantine first, so each step leaves a readable file in place."""
+        buf = bytearray(encode_header(scan.number, scan.segment_entries))
+        base = scan.number * scan.segment_entries
+        for rel in sorted(scan.entries):
+            msg_id, payload = scan.entries[rel]
+            encode_pub(buf, base + rel, msg_id, payload, rel in scan.delivered)
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, buf)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._quarantine(path, keep=True)
+        os.replace(tmp, path)
+        _fsync_dir(self.directory)
+
+    def _quarantine(self, path: pathlib.Path, *, keep: bool) -> None:
+        qdir = self.directory / QUARANTINE_DIR
+        qdir.mkdir(exist_ok=True)
+        dest = qdir / f"{path.name}.{time.time_ns()}"
+        if keep:
+            try:
+                os.link(path, dest)
+            except OSError:
+                shutil.copy2(path, dest)
+        else:
+            os.replace(path, dest)
+        _fsync_dir(qdir)
+        _fsync_dir(self.directory)
+        self.stats.quarantined_segments += 1
+        log.error("queue_index.segment_quarantined", path=str(path), moved_to=str(dest))
+
+
+def msg_refs(root: pathlib.Path) -> dict[int, int]:
+    """How many un-acked, non-embedded index entries reference each msg_id, over every queue
+    index directory under `root` (read only; damaged records are skipped as recovery would).
+    The message store rebuilds its reference counts from this after a dirty stop."""
+    counts: dict[int, int] = {}
+    for path in sorted(pathlib.Path(root).rglob("*" + SEGMENT_SUFFIX)):
+        if QUARANTINE_DIR in path.relative_to(root).parts:
+            continue
+        try:
+            scan = scan_segment(path.read_bytes())
+        except (BadHeader, OSError):
+            continue
+        for msg_id, payload in scan.entries.values():
+            if payload is None:
+                counts[msg_id] = counts.get(msg_id, 0) + 1
+    return counts
+
+
+# -- file helpers -------------------------------------------------------------------------------
+def _segment_files(directory: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
+    found = []
+    for path in directory.iterdir():
+        number = segment_file_number(path.name)
+        if number is not None and path.is_file():
+            found.append((number, path))
+    found.sort()
+    return found
+
+
+def _existing_segment_entries(directory: pathlib.Path) -> int | None:
+    """segment_entries of the first readable segment on disk: seq ids must keep their files."""
+    for _, path in _segment_files(directory):
+        with path.open("rb") as f:
+            head = f.read(FILE_HEADER_SIZE)
+        try:
+            return parse_header(head)[1]
+        except BadHeader:
+            continue
+    return None
+
+
+def _take_clean_marker(directory: pathlib.Path) -> tuple[bool, int]:
+    """(was the last stop clean, next seq_id it recorded); removes the marker durably."""
+    path = directory / CLEAN_MARKER
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return False, 0
+    path.unlink()
+    _fsync_dir(directory)
+    if len(data) != _CLEAN.size:
+        return False, 0
+    magic, next_seq, crc = _CLEAN.unpack(data)
+    if magic != _CLEAN_MAGIC or zlib.crc32(data[:-4]) != crc:
+        return False, 0
+    return True, next_seq
+
+
+def _write_clean_marker(directory: pathlib.Path, next_seq: int) -> None:
+    head = _CLEAN.pack(_CLEAN_MAGIC, next_seq, 0)[:-4]
+    data = head + struct.pack(">I", zlib.crc32(head))
+    tmp = directory / (CLEAN_MARKER + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, directory / CLEAN_MARKER)
+    _fsync_dir(directory)
+
+
+def _write_all(fd: int, data: bytes | bytearray) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _fsync_dir(directory: pathlib.Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
