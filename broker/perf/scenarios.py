@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import statistics
 import time
 import uuid
@@ -90,6 +91,8 @@ async def _recv(conn: Connection, timeout: float) -> tuple[str, Any]:
             await asyncio.wait_for(ready, timeout)
         finally:
             loop.remove_reader(conn.fileno())
+            # uvloop's add_reader made the fd non-blocking; recv below must wait for it all
+            os.set_blocking(conn.fileno(), True)
     try:
         message: tuple[str, Any] = conn.recv()
     except EOFError:

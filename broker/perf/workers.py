@@ -7,6 +7,7 @@ publisher's start from a consumer's last delivery."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import traceback
 from collections.abc import Awaitable, Callable
@@ -96,6 +97,8 @@ async def _ready_then_go(pipe: Connection, info: Any, timeout: float) -> None:
         await asyncio.wait_for(got, timeout)
     finally:
         loop.remove_reader(pipe.fileno())
+        # uvloop's add_reader made the fd non-blocking; the result may be MBs of latencies
+        os.set_blocking(pipe.fileno(), True)
     message = pipe.recv()
     if message != "go":
         raise RuntimeError(f"orchestrator said {message!r}")

@@ -1,0 +1,59 @@
+"""hare-perf end to end: the quick suite against a broker, every scenario with tiny counts.
+
+Against Hare by default (the `broker` fixture). To check the tool itself against another
+broker, e.g. RabbitMQ, point it there instead (the PID is optional; it enables the RSS figures):
+    HARE_PERF_TEST_URL=amqp://guest:guest@127.0.0.1:5672/ HARE_PERF_TEST_PID=$(pgrep beam.smp) \\
+        .venv/bin/python -m pytest tests/perf/test_perf_smoke.py
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+
+from broker.perf.report import format_report, format_table
+from broker.perf.scenarios import SCENARIOS
+from broker.perf.suite import run_suite
+
+pytestmark = pytest.mark.slow
+
+RSS_FIGURES = {"kib_per_conn", "bytes_per_msg"}
+SMOKE_COUNTS = {name: 2_000 for name in SCENARIOS} | {"idle": 20, "latency": 1_000}
+
+
+@dataclass
+class Target:
+    url: str
+    pid: int | None
+
+
+@pytest.fixture
+def target(request: pytest.FixtureRequest) -> Target:
+    url = os.environ.get("HARE_PERF_TEST_URL")
+    if url:
+        pid = os.environ.get("HARE_PERF_TEST_PID")
+        return Target(url, int(pid) if pid else None)
+    broker = request.getfixturevalue("broker")
+    return Target(broker.url, broker.pid)
+
+
+async def test_quick_suite_reports_every_scenario(target: Target) -> None:
+    (reports,) = await run_suite(
+        [target.url], [target.pid], quick=True, counts=SMOKE_COUNTS, verbose=False
+    )
+    print(format_table([reports]))
+    assert [r.scenario for r in reports] == list(SCENARIOS)
+    for report in reports:
+        text = format_report(report)
+        figures = [key for key, _ in SCENARIOS[report.scenario].metrics]
+        # RSS growth over 20 connections or 2,000 messages is within the broker's own noise
+        # (a collection can make it negative): check those figures exist, not their sign
+        rss = [key for key in figures if key in RSS_FIGURES]
+        for key in rss:
+            assert (key in report.median) == (target.pid is not None), text
+        headline = next(key for key in figures if key not in RSS_FIGURES)
+        assert report.median[headline] > 0, text
+        assert report.median["published"] > 0, text
+        assert report.median["delivered"] == report.median["published"], text
