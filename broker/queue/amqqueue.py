@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from broker.flow.credit_flow import DEFAULT_CREDIT, CreditFlow
 from broker.message import Message
 from broker.queue import dead_letter as dlx
 from broker.queue.consumer import Consumer
@@ -31,6 +32,14 @@ __all__ = ["AMQQueue", "QueueArgs"]
 log = structlog.get_logger("hare.queue")
 
 _WAKE = ("wake",)
+
+
+def _credit(vhost: VHost) -> tuple[int, int]:
+    node = vhost.node
+    if node is None:
+        return DEFAULT_CREDIT
+    s = node.settings
+    return s.credit_flow_initial_credit, s.credit_flow_more_credit_after
 
 
 class QueueArgs:
@@ -80,7 +89,8 @@ class AMQQueue:
         self._now = 0.0  # monotonic time at the start of the current batch
         self._ttl_dirty = False
         # counters for management / metrics
-        self.backlog = 0  # messages posted by channels, not yet enqueued (their credit)
+        self.credit_flow = CreditFlow(self, *_credit(vhost))
+        self._senders: set[Channel] = set()  # channels holding credit towards us
         self.published = 0
         self.delivered = 0
         self.acked = 0
@@ -102,6 +112,9 @@ class AMQQueue:
 
     def stop(self) -> None:
         self.deleted = True
+        for ch in self._senders:
+            ch.credit_flow.peer_down(self)
+        self._senders.clear()
         for timer in (self._ttl_timer, self._expiry_timer):
             if timer is not None:
                 timer.cancel()
@@ -138,8 +151,8 @@ class AMQQueue:
     # -- publish ----------------------------------------------------------------------------
     def _enqueue(self, channel: Channel | None, items: list[tuple[Message, int]]) -> None:
         if channel is not None:
-            self.backlog -= len(items)
-            channel.reader.credit_returned()
+            self.credit_flow.ack_many(channel, len(items))
+            self._senders.add(channel)
         if self.deleted:
             return
         bq = self.bq

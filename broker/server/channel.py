@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from pamqp import commands
 
+from broker.flow.credit_flow import CreditFlow
 from broker.message import Message
 from broker.protocol import frames
 from broker.protocol.command_assembler import ACK_INDEX
@@ -44,7 +45,6 @@ __all__ = ["Channel"]
 log = structlog.get_logger("hare.channel")
 
 _ACK_PREFIX = ACK_INDEX.to_bytes(4, "big")
-QUEUE_CREDIT = 4000  # unprocessed messages a queue may hold from publishers before they block
 _STOP = ("stop",)
 
 
@@ -79,10 +79,15 @@ class Channel:
         self.global_prefetch = 0
         self.consumer_unacked = 0  # unacked deliveries to consumers (what global prefetch limits)
         self.flow_active = True
-        # credit: publishes the reader posted that this channel has not processed yet
-        self.inflight = 0
+        # credit flow: reader -> channel (we grant), channel -> queue (we spend)
+        settings = reader.settings
+        self.credit_flow = CreditFlow(
+            self,
+            settings.credit_flow_initial_credit,
+            settings.credit_flow_more_credit_after,
+        )
         self.published_since_alarm = False
-        self._posted: set[AMQQueue] = set()  # queues that may still hold our backlog
+        self._posted: set[AMQQueue] = set()  # queues we sent to: told when we go
         self.published = 0
         self._task: asyncio.Task[None] | None = None
 
@@ -127,18 +132,20 @@ class Channel:
                     self._fail(ChannelError(INTERNAL_ERROR, f"internal error: {exc!r}"))
             self._flush_batch()
             if publishes:
-                self.inflight -= publishes
-                self.reader.channel_progress(self)
+                self.credit_flow.ack_many(self.reader, publishes)
 
     def stop(self) -> None:
         """The connection is going: process what was received, then release everything."""
         self.mailbox.put(_STOP)
 
     def _terminate(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self._release()
+        if not self.closed:
+            self.closed = True
+            self._release()
+        for q in self._posted:
+            q.credit_flow.peer_down(self)
+        self._posted.clear()
+        self.reader.channel_terminated(self)
 
     def _release(self) -> None:
         """Requeue unacked messages and cancel consumers (channel or connection closed)."""
@@ -590,24 +597,13 @@ class Channel:
         batch = self._batch
         if batch:
             posted = self._posted
+            send = self.credit_flow.send
             for q, items in batch.items():
-                q.backlog += len(items)
+                for _ in items:
+                    send(q)
                 q.post_publishes(self, items)
                 posted.add(q)
             batch.clear()
-
-    def downstream_blocked(self) -> bool:
-        """A queue we publish to has more than its credit of our messages unprocessed."""
-        posted = self._posted
-        if not posted:
-            return False
-        blocked = False
-        for q in list(posted):
-            if q.backlog <= 0 or q.deleted:
-                posted.discard(q)
-            elif q.backlog >= QUEUE_CREDIT:
-                blocked = True
-        return blocked
 
     # -- confirms ---------------------------------------------------------------------------
     def _confirm_select(self, m: commands.Confirm.Select) -> None:

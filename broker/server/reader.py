@@ -15,6 +15,7 @@ import structlog
 from pamqp import commands
 
 from broker import __version__
+from broker.flow.credit_flow import CreditFlow
 from broker.protocol import frames
 from broker.protocol.command_assembler import CommandAssembler
 from broker.protocol.constants import (
@@ -91,8 +92,12 @@ class Reader(asyncio.Protocol):
         self.blocked_by_credit = False
         self.alarm_blocked = False  # an alarm is raised: stop reading after the next publish
         self.unroutable_nack = node.settings.unroutable == "nack"
-        self.credit_limit = node.settings.credit_flow_initial_credit
-        self.credit_resume = max(1, self.credit_limit - node.settings.credit_flow_more_credit_after)
+        self.credit_flow = CreditFlow(
+            self,
+            node.settings.credit_flow_initial_credit,
+            node.settings.credit_flow_more_credit_after,
+        )
+        self.credit_flow.on_unblocked = self._maybe_resume
         self.opened_at = 0.0
         self.bytes_in = 0
 
@@ -358,7 +363,7 @@ class Reader(asyncio.Protocol):
         if cmd is None:
             return
         if cmd[0] == "content":
-            ch.inflight += 1
+            self.credit_flow.send(ch)
             if self.alarm_blocked:
                 ch.published_since_alarm = True
         elif payload[:4] == _CHANNEL_CLOSE:
@@ -398,41 +403,29 @@ class Reader(asyncio.Protocol):
             self.assemblers.pop(ch.number, None)
         ch.stop()
 
+    def channel_terminated(self, ch: Channel) -> None:
+        """A channel is gone for good: it can no longer hold our credit."""
+        self.credit_flow.peer_down(ch)
+
     # -- back-pressure ----------------------------------------------------------------------
     def _throttle(self) -> None:
         """Pause the socket when a channel has used its credit or an alarm blocks us."""
         if self._paused_reading or self.transport is None:
             return
-        limit = self.credit_limit
         blocked = self.alarm_blocked and self._published_since_alarm
-        if not blocked:
-            for ch in self.channels.values():
-                if ch.inflight >= limit or ch.downstream_blocked():
-                    blocked = True
-                    self.blocked_by_credit = True
-                    break
+        if self.credit_flow.blocked():
+            blocked = self.blocked_by_credit = True
         if blocked:
             self._paused_reading = True
             self.transport.pause_reading()
-
-    def channel_progress(self, ch: Channel) -> None:
-        """A channel processed publishes: credit came back; maybe resume reading."""
-        if self._paused_reading and ch.inflight <= self.credit_resume:
-            self._maybe_resume()
-
-    def credit_returned(self) -> None:
-        """A queue took a channel's backlog: maybe resume reading."""
-        if self._paused_reading:
-            self._maybe_resume()
 
     def _maybe_resume(self) -> None:
         if not self._paused_reading or self.transport is None or self.state != OPENED:
             return
         if self.alarm_blocked and self._published_since_alarm:
             return
-        for ch in self.channels.values():
-            if ch.inflight > self.credit_resume or ch.downstream_blocked():
-                return
+        if self.credit_flow.blocked():
+            return
         self._paused_reading = False
         self.blocked_by_credit = False
         self.transport.resume_reading()
