@@ -1,0 +1,80 @@
+"""docker/compose.yaml and docker/hare.toml, checked without a Docker engine."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.config import load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "docker"
+
+
+def compose() -> dict[str, Any]:
+    yaml = pytest.importorskip("yaml")  # PyYAML: not a runtime dependency
+    document = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    assert isinstance(document, dict)
+    return document
+
+
+def interpolated(env: dict[str, Any]) -> dict[str, str]:
+    # Compose's ${NAME:-default} with NAME unset.
+    return {key: re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value)) for key, value in env.items()}
+
+
+def test_service_builds_from_the_dockerfile() -> None:
+    service = compose()["services"]["hare"]
+    context = (DOCKER / service["build"]["context"]).resolve()
+    assert context == ROOT
+    assert (context / service["build"]["dockerfile"]).resolve() == DOCKER / "Dockerfile"
+    assert service["init"] is True
+
+
+def test_ports_volume_and_config_mount() -> None:
+    document = compose()
+    service = document["services"]["hare"]
+    assert {"5672:5672", "15672:15672"} <= set(service["ports"])
+    assert "hare-data" in document["volumes"]
+    assert "hare-data:/var/lib/hare" in service["volumes"]
+    mounts = {volume.split(":")[1]: volume for volume in service["volumes"]}
+    source, target, mode = mounts["/etc/hare/hare.toml"].split(":")
+    assert (DOCKER / source).is_file() and mode == "ro"
+    assert service["command"] == ["--config", target]
+
+
+def test_compose_settings_load(tmp_path: Path) -> None:
+    """The compose command and environment, with the mounted file, make a valid config."""
+    service = compose()["services"]["hare"]
+    env = interpolated(service["environment"])
+    assert all(key.startswith("HARE_") for key in env)
+    argv = [
+        str(DOCKER / "hare.toml") if arg == "/etc/hare/hare.toml" else arg
+        for arg in service["command"]
+    ]
+    settings = load_settings(argv, {**env, "HARE_DATA_DIR": "/var/lib/hare"})
+    assert settings.port == 5672 and settings.management_port == 15672
+    assert settings.default_user == "admin" and settings.default_pass == "change-me"
+    assert settings.vm_memory_high_watermark.relative == 0.6
+    assert str(settings.data_dir) == "/var/lib/hare"
+
+
+def test_docker_hare_toml_loads_alone() -> None:
+    settings = load_settings(["--config", str(DOCKER / "hare.toml")], {})
+    assert settings.host == "" and settings.port == 5672
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
+def test_docker_compose_accepts_the_file() -> None:
+    done = subprocess.run(
+        ["docker-compose", "-f", str(DOCKER / "compose.yaml"), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
