@@ -403,7 +403,13 @@ class QueueIndex:
 
     def _recover_file(self, number: int, path: pathlib.Path) -> SegmentScan | None:
         """Scan one segment file and repair it on disk; None when nothing of it is usable."""
-        data = path.read_bytes()
+        try:
+            data = path.read_bytes()
+        except OSError as e:  # EIO and the like: keep the queue, lose this segment
+            log.error("queue_index.segment_unreadable", path=str(path), error=str(e))
+            with contextlib.suppress(OSError):
+                self._quarantine(path, keep=False)
+            return None
         if len(data) < FILE_HEADER_SIZE and SEGMENT_MAGIC.startswith(data[:4]):
             # Torn while being created: the header itself never made it to disk.
             log.warning("queue_index.torn_header_dropped", path=str(path), size=len(data))
@@ -509,12 +515,11 @@ def _segment_files(directory: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
 def _existing_segment_entries(directory: pathlib.Path) -> int | None:
     """segment_entries of the first readable segment on disk: seq ids must keep their files."""
     for _, path in _segment_files(directory):
-        with path.open("rb") as f:
-            head = f.read(FILE_HEADER_SIZE)
         try:
-            return parse_header(head)[1]
-        except BadHeader:
-            continue
+            with path.open("rb") as f:
+                return parse_header(f.read(FILE_HEADER_SIZE))[1]
+        except (BadHeader, OSError):
+            continue  # recover() quarantines it
     return None
 
 

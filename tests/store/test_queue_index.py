@@ -485,3 +485,17 @@ def test_index_matches_a_model(tmp_path_factory: object, script: list[tuple[str,
     qi.close()
     got = QueueIndex(d, segment_entries=4).recover()
     assert {e.seq_id: (e.payload, e.delivered) for e in got} == model
+
+
+def test_segment_that_fails_to_read_is_quarantined(tmp_path: Path) -> None:
+    d = tmp_path / "q"
+    qi = QueueIndex(d, segment_entries=4)
+    qi.recover()
+    qi.publish(4, mid(4), None)
+    qi.close()
+    # A "file" whose read fails with EIO, as a bad disk block would.
+    os.symlink("/proc/self/mem", d / segment_file_name(0))
+    again = QueueIndex(d, segment_entries=4)
+    assert [e.seq_id for e in again.recover()] == [4]
+    assert again.stats.quarantined_segments == 1
+    assert not (d / segment_file_name(0)).is_symlink()
