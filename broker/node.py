@@ -11,6 +11,7 @@ import structlog
 
 from broker.auth import Auth
 from broker.config import Settings
+from broker.durable import Durable
 from broker.protocol.constants import CONNECTION_FORCED
 from broker.routing.vhost import VHost
 from broker.server.listener import start_listeners
@@ -32,6 +33,7 @@ class Node:
         self.connections: set[Reader] = set()
         self.servers: list[asyncio.Server] = []
         self._alarms: set[str] = set()
+        self.durable: Durable | None = None
         self.port = settings.port
         self._stopped = asyncio.Event()
 
@@ -40,23 +42,14 @@ class Node:
         vhost = self.vhosts.get(name)
         if vhost is None:
             vhost = self.vhosts[name] = VHost(name, self)
+            if self.durable is not None:
+                vhost.on_change = self.durable.changed
+                self.durable.vhost_added(vhost)
         return vhost
 
-    def _boot_definitions(self) -> None:
-        s = self.settings
-        self.add_vhost(s.default_vhost)
-        for name in s.vhosts:
-            self.add_vhost(name)
-        if s.default_user not in self.auth.users:
-            self.auth.add_user(s.default_user, s.default_pass, tags=["administrator"])
-            self.auth.set_permissions(s.default_user, s.default_vhost, ".*", ".*", ".*")
-        for u in s.users:
-            self.auth.add_user(u.name, password_hash=u.password_hash, tags=list(u.tags))
-        for p in s.permissions:
-            self.auth.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
-
     async def start(self) -> None:
-        self._boot_definitions()
+        self.durable = Durable(self)
+        await self.durable.start()
         self.servers = await start_listeners(self, self.settings.host, self.settings.port)
         sock = self.servers[0].sockets[0]
         self.port = sock.getsockname()[1]
@@ -76,6 +69,8 @@ class Node:
             await server.wait_closed()
         for vhost in self.vhosts.values():
             vhost.stop()
+        if self.durable is not None:
+            await self.durable.stop()
         log.info("broker stopped", node=self.name)
         self._stopped.set()
 

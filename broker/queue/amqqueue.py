@@ -20,6 +20,7 @@ from broker.flow.credit_flow import DEFAULT_CREDIT, CreditFlow
 from broker.message import Message
 from broker.queue import dead_letter as dlx
 from broker.queue.consumer import Consumer
+from broker.queue.durability import QueueDurability
 from broker.queue.ram_queue import Entry, RamQueue
 from broker.server.mailbox import Mailbox
 
@@ -78,6 +79,7 @@ class AMQQueue:
         self.arguments: dict[str, Any] = dict(arguments or {})
         self.args = QueueArgs(self.arguments)
         self.bq = RamQueue()
+        self.durability: QueueDurability | None = None  # set for a durable queue with a store
         self.consumers: deque[Consumer] = deque()
         self.mailbox = Mailbox()
         self.deleted = False
@@ -111,6 +113,14 @@ class AMQQueue:
                 log.exception("queue task error", queue=self.name)
 
     def stop(self) -> None:
+        """The queue is deleted: its durable state goes too."""
+        self.shutdown()
+        if self.durability is not None:
+            self.durability.delete()
+            self.durability = None
+
+    def shutdown(self) -> None:
+        """The broker stops: keep the durable state (clean index close happens in close())."""
         self.deleted = True
         for ch in self._senders:
             ch.credit_flow.peer_down(self)
@@ -144,6 +154,8 @@ class AMQQueue:
             if item[0] == "pubs":
                 self._enqueue(item[1], item[2])
         self._deliver()
+        if self.durability is not None:
+            self.durability.end_batch()
         if self._ttl_dirty:
             self._ttl_dirty = False
             self._arm_ttl()
@@ -162,6 +174,7 @@ class AMQQueue:
         confirms: list[int] = []
         rejected: list[int] = []
         reject_publish = args.overflow in ("reject-publish", "reject-publish-dlx")
+        durability = self.durability
         for msg, seq in items:
             if reject_publish and self._full(len(msg.body)):
                 if seq:
@@ -174,9 +187,11 @@ class AMQQueue:
                 expires_at = self._expiry_for(msg, ttl, now)
                 if expires_at:
                     self._ttl_dirty = True
-            bq.publish(msg, expires_at)
+            qseq = bq.publish(msg, expires_at)
             self.published += 1
-            if seq:
+            if durability is not None and msg.persistent:
+                durability.persist(qseq, msg, channel, seq)  # confirmed once on disk
+            elif seq:
                 confirms.append(seq)
         limited = args.max_length is not None or args.max_length_bytes is not None
         if limited and not reject_publish:
@@ -207,16 +222,17 @@ class AMQQueue:
 
     def _drop_overflow(self) -> None:
         a = self.args
-        dropped: list[Message] = []
+        dropped: list[Entry] = []
         while self.bq.ready and (
             (a.max_length is not None and len(self.bq) > a.max_length)
             or (a.max_length_bytes is not None and self.bq.bytes_ready > a.max_length_bytes)
         ):
             entry = self.bq.fetch(False)
             assert entry is not None
-            dropped.append(entry[1])
+            dropped.append(entry)
         if dropped:
-            self._dead_letter(dropped, dlx.MAXLEN)
+            self._gone(dropped)
+            self._dead_letter([e[1] for e in dropped], dlx.MAXLEN)
 
     # -- TTL and x-expires ------------------------------------------------------------------
     def _arm_ttl(self) -> None:
@@ -228,13 +244,16 @@ class AMQQueue:
         if head is None or not head[3]:
             return
         now = time.monotonic()
-        expired: list[Message] = []
+        expired: list[Entry] = []
         while head is not None and head[3] and head[3] <= now:
             self.bq.fetch(False)
-            expired.append(head[1])
+            expired.append(head)
             head = self.bq.peek()
         if expired:
-            self._dead_letter(expired, dlx.EXPIRED)
+            self._gone(expired)
+            self._dead_letter([e[1] for e in expired], dlx.EXPIRED)
+            if self.durability is not None:
+                self.durability.end_batch()
         if head is not None and head[3]:
             loop = asyncio.get_running_loop()
             self._ttl_timer = loop.call_at(
@@ -268,6 +287,11 @@ class AMQQueue:
         log.info("queue expired", queue=self.name, vhost=self.vhost.name)
         self.vhost.delete_queue(self)
 
+    def _gone(self, entries: list[Entry]) -> None:
+        """Messages that left the queue for good: forget them on disk too."""
+        if self.durability is not None and entries:
+            self.durability.gone([e[0] for e in entries], [e[1] for e in entries])
+
     # -- dead-lettering ---------------------------------------------------------------------
     def _dead_letter(self, msgs: list[Message], reason: str) -> None:
         exchange = self.args.dlx
@@ -286,7 +310,8 @@ class AMQQueue:
         n = len(consumers)
         idle = 0
         now = self._now
-        expired: list[Message] = []
+        expired: list[Entry] = []
+        durability = self.durability
         while bq.ready and idle < n:
             c = consumers[0]
             if not c.can_take():
@@ -298,8 +323,13 @@ class AMQQueue:
             if entry[3] and entry[3] < now:
                 if not c.no_ack:
                     bq.ack((entry[0],))
-                expired.append(entry[1])
+                expired.append(entry)
                 continue
+            if durability is not None and entry[1].persistent:
+                if c.no_ack:
+                    self._gone([entry])
+                else:
+                    durability.delivered(entry[0])
             c.channel.deliver(c, self, entry)
             self.delivered += 1
             if entry[2]:
@@ -307,7 +337,8 @@ class AMQQueue:
             consumers.rotate(-1)
             idle = 0
         if expired:
-            self._dead_letter(expired, dlx.EXPIRED)
+            self._gone(expired)
+            self._dead_letter([e[1] for e in expired], dlx.EXPIRED)
 
     # -- synchronous operations (called by channels) ----------------------------------------
     def get(self, ack_required: bool) -> tuple[Entry, int] | None:
@@ -320,22 +351,31 @@ class AMQQueue:
             if entry[3] and entry[3] < time.monotonic():
                 if ack_required:
                     self.bq.ack((entry[0],))
+                self._gone([entry])
                 self._dead_letter([entry[1]], dlx.EXPIRED)
                 continue
             self.delivered += 1
+            if self.durability is not None and entry[1].persistent:
+                if ack_required:
+                    self.durability.delivered(entry[0])
+                else:
+                    self._gone([entry])
+                self.wake()  # the index records go out with the next batch
             return entry, len(self.bq)
 
     def ack(self, seqs: Iterable[int]) -> None:
-        msgs = self.bq.ack(seqs)
-        self.acked += len(msgs)
+        entries = self.bq.ack(seqs)
+        self.acked += len(entries)
+        self._gone(entries)
         self.wake()
 
     def reject(self, seqs: list[int], requeue: bool) -> None:
         if requeue:
             self.bq.requeue(seqs)
         else:
-            msgs = self.bq.ack(seqs)
-            self._dead_letter(msgs, dlx.REJECTED)
+            entries = self.bq.ack(seqs)
+            self._gone(entries)
+            self._dead_letter([e[1] for e in entries], dlx.REJECTED)
         self.wake()
 
     def requeue(self, seqs: list[int]) -> None:
@@ -345,7 +385,20 @@ class AMQQueue:
 
     def purge(self) -> int:
         self.drain()
-        return len(self.bq.purge())
+        entries = self.bq.purge()
+        self._gone(entries)
+        self.wake()
+        return len(entries)
+
+    def recover(self) -> int:
+        """Load a durable queue's messages from its index (at start, before any client)."""
+        if self.durability is None:
+            return 0
+        n = 0
+        for entry, msg in self.durability.recover():
+            self.bq.recovered(entry.seq_id, msg, entry.delivered)
+            n += 1
+        return n
 
     def add_consumer(self, consumer: Consumer) -> None:
         self.drain()
@@ -366,6 +419,11 @@ class AMQQueue:
 
     def has_exclusive_consumer(self) -> bool:
         return any(c.exclusive for c in self.consumers)
+
+    def close(self) -> None:
+        """Clean broker shutdown: flush and close the index so the next start is fast."""
+        if self.durability is not None:
+            self.durability.close()
 
     # -- introspection ----------------------------------------------------------------------
     @property

@@ -51,13 +51,13 @@ class RamQueue:
             self.pending[entry[0]] = entry
         return entry
 
-    def ack(self, seqs: Iterable[int]) -> list[Message]:
+    def ack(self, seqs: Iterable[int]) -> list[Entry]:
         pending = self.pending
         out = []
         for seq in seqs:
             entry = pending.pop(seq, None)
             if entry is not None:
-                out.append(entry[1])
+                out.append(entry)
         return out
 
     def requeue(self, seqs: Iterable[int]) -> int:
@@ -84,13 +84,14 @@ class RamQueue:
         self.bytes_ready += sum(len(e[1].body) for e in back)
         return len(back)
 
-    def purge(self) -> list[Message]:
-        msgs = [e[1] for e in self.ready]
+    def purge(self) -> list[Entry]:
+        entries = list(self.ready)
         self.ready.clear()
         self.bytes_ready = 0
-        return msgs
+        return entries
 
-    def drop_pending(self) -> list[Message]:
-        msgs = [e[1] for e in self.pending.values()]
-        self.pending.clear()
-        return msgs
+    def recovered(self, seq: int, msg: Message, redelivered: bool) -> None:
+        """A message read back from the queue index at start, in seq order."""
+        self.ready.append((seq, msg, redelivered, 0.0))
+        self.bytes_ready += len(msg.body)
+        self.next_seq = max(self.next_seq, seq + 1)

@@ -239,6 +239,8 @@ class VHost:
             arguments=arguments,
         )
         self.queues[name] = q
+        if self.node is not None and self.node.durable is not None:
+            self.node.durable.new_queue(q)
         q.start()
         self._changed("put_queue", q)
         return q
@@ -340,8 +342,9 @@ class VHost:
             self.on_change(self.name, what, obj)
 
     def stop(self) -> None:
+        """Broker shutdown: queue tasks end, durable queue state stays on disk."""
         for q in list(self.queues.values()):
-            q.stop()
+            q.shutdown()
 
 
 def _fmt(value: object) -> str:

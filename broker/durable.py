@@ -1,0 +1,190 @@
+"""What survives a restart: wiring between the live topology and the disk.
+
+Durable exchanges, queues, bindings, users, vhosts and permissions go to the definitions
+database as they change; durable queues get a queue index and a share of the persistent message
+store; at start everything is read back in a fixed order: definitions, the message store (which
+on a dirty start asks the queue indexes for reference counts), then each durable queue's
+contents."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from broker.queue.amqqueue import AMQQueue
+from broker.queue.durability import QueueDurability
+from broker.routing.exchange import Exchange
+from broker.store.definitions import (
+    BindingDef,
+    Definitions,
+    ExchangeDef,
+    QueueDef,
+)
+from broker.store.msg_store import MsgStore
+from broker.store.queue_index import QueueIndex, msg_refs
+
+if TYPE_CHECKING:
+    from broker.node import Node
+    from broker.routing.vhost import VHost
+
+__all__ = ["Durable"]
+
+log = structlog.get_logger("hare.durable")
+
+
+class Durable:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        s = node.settings
+        root = Path(s.data_dir)
+        self.root = root
+        self.queues_root = root / "queues"
+        self.definitions = Definitions(root / "definitions.sqlite")
+        common: dict[str, Any] = {
+            "file_size_limit": s.msg_store_file_size_limit,
+            "gc_garbage_fraction": s.msg_store_gc_garbage_fraction,
+            "gc_min_files": s.msg_store_gc_min_files,
+        }
+        self.persistent = MsgStore(
+            root / "msg_store_persistent", name="persistent", fsync=str(s.fsync), **common
+        )
+        self.transient = MsgStore(
+            root / "msg_store_transient", name="transient", transient=True, **common
+        )
+        self._restoring = False
+
+    # -- start and stop ---------------------------------------------------------------------
+    async def start(self) -> None:
+
+        self._restoring = True
+        try:
+            self._restore_access()
+            await self.persistent.start(refs=lambda: msg_refs(self.queues_root))
+            await self.transient.start()
+            self._restore_topology()
+        finally:
+            self._restoring = False
+
+    async def stop(self) -> None:
+        for vhost in self.node.vhosts.values():
+            for q in list(vhost.queues.values()):
+                q.close()
+        await self.persistent.stop()
+        await self.transient.stop()
+        self.definitions.close()
+
+    def _restore_access(self) -> None:
+        node, s, db = self.node, self.node.settings, self.definitions
+        first_boot = not db.vhosts()
+        if first_boot:
+            db.put_vhost(s.default_vhost)
+            node.auth.add_user(s.default_user, s.default_pass, tags=["administrator"])
+            u = node.auth.users[s.default_user]
+            db.put_user(u.name, u.password_hash, u.tags)
+            db.put_permission(s.default_user, s.default_vhost, ".*", ".*", ".*")
+        for name in [*db.vhosts(), *s.vhosts]:
+            node.add_vhost(name)
+        for ud in db.users():
+            node.auth.add_user(ud.name, password_hash=ud.password_hash, tags=list(ud.tags))
+        for p in db.permissions():
+            node.auth.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
+        for us in s.users:  # the config file wins over what the database remembers
+            node.auth.add_user(us.name, password_hash=us.password_hash, tags=list(us.tags))
+        for ps in s.permissions:
+            node.auth.set_permissions(ps.user, ps.vhost, ps.configure, ps.write, ps.read)
+
+    def _restore_topology(self) -> None:
+        node, db = self.node, self.definitions
+        for xd in db.exchanges():
+            vhost = node.vhosts.get(xd.vhost)
+            if vhost is None or xd.name in vhost.exchanges:
+                continue
+            vhost.exchanges[xd.name] = Exchange(
+                xd.name, xd.type, durable=True, auto_delete=xd.auto_delete,
+                internal=xd.internal, arguments=dict(xd.arguments),
+            )
+        recovered = 0
+        for qd in db.queues():
+            vhost = node.vhosts.get(qd.vhost)
+            if vhost is None or qd.name in vhost.queues:
+                continue
+            q = AMQQueue(vhost, qd.name, durable=True, auto_delete=qd.auto_delete,
+                         arguments=dict(qd.arguments))
+            self.attach(q)
+            recovered += q.recover()
+            vhost.queues[qd.name] = q
+            q.start()
+        for bd in db.bindings():
+            vhost = node.vhosts.get(bd.vhost)
+            if vhost is None:
+                continue
+            src = vhost.exchanges.get(bd.source)
+            dst: object | None = (
+                vhost.queues.get(bd.destination) if bd.destination_type == "queue"
+                else vhost.exchanges.get(bd.destination)
+            )
+            if src is not None and dst is not None:
+                src.bind(dst, bd.routing_key, dict(bd.arguments))
+        log.info("definitions restored", exchanges=len(db.exchanges()),
+                 queues=len(db.queues()), bindings=len(db.bindings()), messages=recovered)
+
+    # -- durable queues ---------------------------------------------------------------------
+    def queue_dir(self, vhost: str, name: str) -> Path:
+        digest = hashlib.sha256(f"{vhost}\0{name}".encode()).hexdigest()[:32]
+        return self.queues_root / digest
+
+    def attach(self, q: AMQQueue) -> None:
+        s = self.node.settings
+        index = QueueIndex(
+            self.queue_dir(q.vhost.name, q.name),
+            embed_below=s.queue_index_embed_msgs_below,
+            segment_entries=s.queue_index_segment_entries,
+        )
+        q.durability = QueueDurability(q, index, self.persistent, str(s.fsync))
+
+    # -- changes from the vhosts ------------------------------------------------------------
+    def changed(self, vhost: str, what: str, obj: Any) -> None:
+        if self._restoring:
+            return
+        db = self.definitions
+        if what == "put_exchange" and obj.durable:
+            db.put_exchange(ExchangeDef(vhost, obj.name, obj.type, True, obj.auto_delete,
+                                        obj.internal, dict(obj.arguments)))
+        elif what == "delete_exchange" and obj.durable:
+            db.delete_exchange(vhost, obj.name)
+        elif what == "put_queue" and _persisted(obj):
+            db.put_queue(QueueDef(vhost, obj.name, True, obj.auto_delete, False,
+                                  dict(obj.arguments)))
+        elif what == "delete_queue" and _persisted(obj):
+            db.delete_queue(vhost, obj.name)
+        elif what in ("put_binding", "delete_binding"):
+            src, dst, key, args = obj
+            if not src.durable or not getattr(dst, "durable", False):
+                return
+            if isinstance(dst, AMQQueue):
+                if not _persisted(dst):
+                    return
+                kind = "queue"
+            else:
+                kind = "exchange"
+            bd = BindingDef(vhost, src.name, dst.name, kind, key, dict(args or {}))
+            if what == "put_binding":
+                db.put_binding(bd)
+            else:
+                db.delete_binding(bd)
+
+    def new_queue(self, q: AMQQueue) -> None:
+        """A queue was declared: durable, non-exclusive ones get their index."""
+        if _persisted(q) and q.durability is None:
+            self.attach(q)
+
+    def vhost_added(self, vhost: VHost) -> None:
+        if not self._restoring:
+            self.definitions.put_vhost(vhost.name)
+
+
+def _persisted(q: AMQQueue) -> bool:
+    return q.durable and q.exclusive_owner is None
