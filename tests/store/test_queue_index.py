@@ -14,7 +14,10 @@ from broker.message import Message
 from broker.store.queue_index import IndexEntry, QueueIndex, msg_refs
 from broker.store.queue_index_format import (
     FILE_HEADER_SIZE,
+    REC_ACK,
     encode_header,
+    encode_offsets,
+    encode_pub,
     scan_segment,
     segment_file_name,
 )
@@ -126,8 +129,6 @@ def test_recover_deletes_a_segment_whose_acks_were_flushed(tmp_path: Path) -> No
     qi.flush()
     assert segment_files(d) == []
     acks = bytearray()
-    from broker.store.queue_index_format import REC_ACK, encode_offsets
-
     encode_offsets(acks, REC_ACK, [0, 1, 2, 3])
     (d / segment_file_name(0)).write_bytes(leftover + acks)
     assert QueueIndex(d, segment_entries=4).recover() == []
@@ -499,3 +500,23 @@ def test_segment_that_fails_to_read_is_quarantined(tmp_path: Path) -> None:
     assert [e.seq_id for e in again.recover()] == [4]
     assert again.stats.quarantined_segments == 1
     assert not (d / segment_file_name(0)).is_symlink()
+
+
+def test_damaged_record_is_skipped_by_its_length_not_searched_through(tmp_path: Path) -> None:
+    # A message body may itself look like an index record; a damaged embedded record must not
+    # let recovery pick up such a look-alike from inside its payload.
+    fake = bytearray()
+    encode_pub(fake, 5, 999, None, False)
+    d = tmp_path / "q"
+    qi = QueueIndex(d, segment_entries=8)
+    qi.recover()
+    qi.publish(0, mid(0), b"pad" + bytes(fake))
+    qi.publish(1, mid(1), None)
+    qi.flush()
+    path = d / segment_file_name(0)
+    data = bytearray(path.read_bytes())
+    data[FILE_HEADER_SIZE + PUB_REF_SIZE] ^= 0x01  # first payload byte of record 0
+    path.write_bytes(data)
+    again = QueueIndex(d, segment_entries=8)
+    assert [e.seq_id for e in again.recover()] == [1]
+    assert again.stats.corrupt_records == 1
