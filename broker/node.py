@@ -12,6 +12,9 @@ import structlog
 from broker.auth import Auth
 from broker.config import Settings
 from broker.durable import Durable
+from broker.flow.alarm import Alarms
+from broker.flow.disk_monitor import DiskMonitor
+from broker.flow.memory_monitor import MemoryMonitor
 from broker.protocol.constants import CONNECTION_FORCED
 from broker.routing.vhost import VHost
 from broker.server.listener import start_listeners
@@ -32,7 +35,19 @@ class Node:
         self.vhosts: dict[str, VHost] = {}
         self.connections: set[Reader] = set()
         self.servers: list[asyncio.Server] = []
-        self._alarms: set[str] = set()
+        self.alarms = Alarms()
+        self.alarms.subscribe(self._alarm_changed)
+        self.memory_monitor = MemoryMonitor(
+            self.alarms,
+            str(settings.vm_memory_high_watermark),
+            interval=settings.memory_monitor_interval_s,
+            paging_ratio=settings.vm_memory_high_watermark_paging_ratio,
+            on_memory_pressure=self._memory_pressure,
+        )
+        self.disk_monitor = DiskMonitor(
+            self.alarms, settings.data_dir, limit=settings.disk_free_limit
+        )
+        self.ram_fraction = 1.0
         self.durable: Durable | None = None
         self.port = settings.port
         self._stopped = asyncio.Event()
@@ -50,6 +65,8 @@ class Node:
     async def start(self) -> None:
         self.durable = Durable(self)
         await self.durable.start()
+        self.memory_monitor.start()
+        self.disk_monitor.start()
         self.servers = await start_listeners(self, self.settings.host, self.settings.port)
         sock = self.servers[0].sockets[0]
         self.port = sock.getsockname()[1]
@@ -59,6 +76,8 @@ class Node:
         """Stop accepting, close clients with 320, stop queues; the stores flush last."""
         for server in self.servers:
             server.close()
+        await self.memory_monitor.stop()
+        await self.disk_monitor.stop()
         for conn in list(self.connections):
             conn.connection_error(_forced(reason))
         if self.connections:
@@ -82,18 +101,20 @@ class Node:
         self.connections.discard(conn)
 
     # -- alarms -----------------------------------------------------------------------------
-    def alarms_active(self) -> set[str]:
-        return set(self._alarms)
+    def alarms_active(self) -> frozenset[str]:
+        return self.alarms.active()
 
-    def set_alarm(self, resource: str, raised: bool) -> None:
-        before = set(self._alarms)
-        if raised:
-            self._alarms.add(resource)
-        else:
-            self._alarms.discard(resource)
-        if before != self._alarms:
-            for conn in list(self.connections):
-                conn.on_alarm(self.alarms_active())
+    def _alarm_changed(self, resource: str, raised: bool) -> None:
+        active = self.alarms.active()
+        for conn in list(self.connections):
+            conn.on_alarm(active)
+
+    def _memory_pressure(self, fraction: float) -> None:
+        """The memory monitor's share of RAM messages queues should keep (1.0: all)."""
+        self.ram_fraction = fraction
+        for vhost in self.vhosts.values():
+            for q in vhost.queues.values():
+                q.memory_pressure(fraction)
 
 
 def _forced(text: str) -> object:

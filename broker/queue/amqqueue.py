@@ -420,6 +420,13 @@ class AMQQueue:
     def has_exclusive_consumer(self) -> bool:
         return any(c.exclusive for c in self.consumers)
 
+    def memory_pressure(self, fraction: float) -> None:
+        """The share of RAM messages to keep; the variable queue pages out the rest."""
+        set_target = getattr(self.bq, "set_ram_fraction", None)
+        if set_target is not None:
+            set_target(fraction)
+            self.wake()
+
     def close(self) -> None:
         """Clean broker shutdown: flush and close the index so the next start is fast."""
         if self.durability is not None:

@@ -15,6 +15,7 @@ import structlog
 from pamqp import commands
 
 from broker import __version__
+from broker.flow.alarm import blocked_reason
 from broker.flow.credit_flow import CreditFlow
 from broker.protocol import frames
 from broker.protocol.command_assembler import CommandAssembler
@@ -90,6 +91,7 @@ class Reader(asyncio.Protocol):
         self._missed = 0
         self._paused_reading = False
         self.blocked_by_credit = False
+        self._blocked_timer: asyncio.TimerHandle | None = None
         self.alarm_blocked = False  # an alarm is raised: stop reading after the next publish
         self.unroutable_nack = node.settings.unroutable == "nack"
         self.credit_flow = CreditFlow(
@@ -126,6 +128,13 @@ class Reader(asyncio.Protocol):
             return
         try:
             batch = self.cutter.feed(data)
+        except ConnectionError_ as exc:
+            # the byte stream is out of step: nothing after this can be parsed, so the close
+            # goes out and the socket with it (RabbitMQ's fatal_frame_error)
+            self.connection_error(exc)
+            self._close_transport()
+            return
+        try:
             for ftype, channel, payload in batch:
                 if channel == 0:
                     self._connection_frame(ftype, payload)
@@ -413,11 +422,26 @@ class Reader(asyncio.Protocol):
         if self._paused_reading or self.transport is None:
             return
         blocked = self.alarm_blocked and self._published_since_alarm
+        if blocked and self._blocked_timer is None and self.settings.blocked_timeout_s > 0:
+            self._blocked_timer = self.loop.call_later(
+                self.settings.blocked_timeout_s, self._blocked_too_long
+            )
         if self.credit_flow.blocked():
             blocked = self.blocked_by_credit = True
         if blocked:
             self._paused_reading = True
             self.transport.pause_reading()
+
+    def _blocked_too_long(self) -> None:
+        self._blocked_timer = None
+        if self.alarm_blocked:
+            self.connection_error(
+                ConnectionError_(
+                    CONNECTION_FORCED,
+                    f"connection blocked ({blocked_reason(self.node.alarms_active())}) "
+                    f"for longer than blocked_timeout_s={self.settings.blocked_timeout_s}",
+                )
+            )
 
     def _maybe_resume(self) -> None:
         if not self._paused_reading or self.transport is None or self.state != OPENED:
@@ -434,7 +458,7 @@ class Reader(asyncio.Protocol):
     def _published_since_alarm(self) -> bool:
         return any(ch.published_since_alarm for ch in self.channels.values())
 
-    def on_alarm(self, resources: set[str]) -> None:
+    def on_alarm(self, resources: frozenset[str]) -> None:
         """The node's alarm set changed: connection.blocked / unblocked, as RabbitMQ."""
         if self.state != OPENED:
             return
@@ -442,12 +466,14 @@ class Reader(asyncio.Protocol):
         if blocked == self.alarm_blocked:
             return
         self.alarm_blocked = blocked
+        if not blocked and self._blocked_timer is not None:
+            self._blocked_timer.cancel()
+            self._blocked_timer = None
         for ch in self.channels.values():
             ch.published_since_alarm = False
         if blocked:
-            reason = "low on " + " and ".join(sorted(r for r in resources))
             if self.client_capability("connection.blocked"):
-                self._send0(commands.Connection.Blocked(reason=reason))
+                self._send0(commands.Connection.Blocked(reason=blocked_reason(resources)))
         else:
             if self.client_capability("connection.blocked"):
                 self._send0(commands.Connection.Unblocked())
