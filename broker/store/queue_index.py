@@ -337,23 +337,25 @@ class QueueIndex:
                 # finds the segment exactly as the last flush left it.
                 self._drop_segment(seg)
                 continue
+            # Acks and delivers first: they name entries already on disk, and a seq id
+            # published again after its ack must not be wiped by that ack.
             buf = bytearray()
-            base = number * self.segment_entries
             state = seg.state
-            for rel, (msg_id, payload) in seg.pubs.items():
-                encode_pub(buf, base + rel, msg_id, payload, state[rel] == _DELIVERED)
+            if seg.acks:
+                encode_offsets(buf, REC_ACK, seg.acks)
             if seg.dels:
                 live = [rel for rel in seg.dels if state[rel] == _DELIVERED]
                 if live:
                     encode_offsets(buf, REC_DELIVER, live)
-            if seg.acks:
-                encode_offsets(buf, REC_ACK, seg.acks)
-            seg.pubs, seg.dels, seg.acks = {}, [], []
+            base = number * self.segment_entries
+            for rel, (msg_id, payload) in seg.pubs.items():
+                encode_pub(buf, base + rel, msg_id, payload, state[rel] == _DELIVERED)
             if buf:
                 if seg.fd < 0:
                     seg.fd = self._open_segment(number)
-                _write_all(seg.fd, buf)
+                _append(seg.fd, buf)  # on failure the journal stays for a retry
                 self._unsynced.add(number)
+            seg.pubs, seg.dels, seg.acks = {}, [], []
         self._dirty.clear()
         self._journal_ops = self._journal_bytes = 0
         self._limit_open_files()
@@ -362,8 +364,12 @@ class QueueIndex:
         path = self.directory / segment_file_name(number)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if os.fstat(fd).st_size == 0:
-            _write_all(fd, encode_header(number, self.segment_entries))
             self._dir_unsynced = True
+            try:
+                _append(fd, encode_header(number, self.segment_entries))
+            except OSError:
+                os.close(fd)
+                raise
         return fd
 
     def _limit_open_files(self) -> None:
@@ -552,6 +558,18 @@ def _write_clean_marker(directory: pathlib.Path, next_seq: int) -> None:
         os.close(fd)
     os.replace(tmp, directory / CLEAN_MARKER)
     _fsync_dir(directory)
+
+
+def _append(fd: int, data: bytes | bytearray) -> None:
+    """Append all of `data` or, on failure (ENOSPC, EFBIG, EIO), cut the file back to where it
+    was, so no partial record sits before the next append."""
+    size = os.lseek(fd, 0, os.SEEK_END)
+    try:
+        _write_all(fd, data)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, size)
+        raise
 
 
 def _write_all(fd: int, data: bytes | bytearray) -> None:

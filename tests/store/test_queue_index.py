@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import resource
+import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
@@ -520,3 +526,66 @@ def test_damaged_record_is_skipped_by_its_length_not_searched_through(tmp_path: 
     again = QueueIndex(d, segment_entries=8)
     assert [e.seq_id for e in again.recover()] == [1]
     assert again.stats.corrupt_records == 1
+
+
+def test_seq_id_published_again_after_its_ack_survives_the_flush(tmp_path: Path) -> None:
+    d = tmp_path / "q"
+    qi = QueueIndex(d, segment_entries=4)
+    qi.recover()
+    qi.publish(0, mid(0), None)
+    qi.publish(1, mid(1), None)
+    qi.flush()
+    qi.ack([0])
+    qi.publish(0, mid(100), None)  # e.g. seq ids reused after a dirty restart
+    qi.close()
+    got = QueueIndex(d, segment_entries=4).recover()
+    assert [(e.seq_id, e.msg_id) for e in got] == [(0, mid(100)), (1, mid(1))]
+
+
+@contextlib.contextmanager
+def file_size_limit(limit: int) -> Iterator[None]:
+    """Writes past `limit` bytes fail with EFBIG, like a full disk (a real kernel limit)."""
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, old[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old)
+        signal.signal(signal.SIGXFSZ, old_handler)
+
+
+def test_failed_write_leaves_no_partial_record_and_keeps_the_journal(tmp_path: Path) -> None:
+    d = tmp_path / "q"
+    qi = QueueIndex(d, segment_entries=64)
+    qi.recover()
+    qi.publish(0, mid(0), None)
+    qi.flush()
+    path = d / segment_file_name(0)
+    size = path.stat().st_size
+    qi.publish(1, mid(1), payload(100))
+    qi.publish(2, mid(2), None)
+    with file_size_limit(size + 50), pytest.raises(OSError) as err:
+        qi.sync()  # the write gets part-way (50 bytes), then EFBIG
+    assert err.value.errno == errno.EFBIG
+    assert path.stat().st_size == size  # cut back: no torn record before later appends
+    qi.sync()  # room again: the journal was kept, so the retry writes it
+    qi.close()
+    again = QueueIndex(d, segment_entries=64)
+    assert [e.seq_id for e in again.recover()] == [0, 1, 2]
+    assert again.stats.torn_records == again.stats.corrupt_records == 0
+
+
+def test_failed_header_write_leaves_an_empty_file_the_retry_completes(tmp_path: Path) -> None:
+    d = tmp_path / "q"
+    qi = QueueIndex(d, segment_entries=4)
+    qi.recover()
+    qi.close()  # creates the directory and marker: the limit below only hits segment files
+    qi = QueueIndex(d, segment_entries=4)
+    qi.recover()
+    qi.publish(0, mid(0), None)
+    with file_size_limit(10), pytest.raises(OSError):
+        qi.flush()
+    assert (d / segment_file_name(0)).stat().st_size == 0
+    qi.close()
+    assert [e.seq_id for e in QueueIndex(d, segment_entries=4).recover()] == [0]
