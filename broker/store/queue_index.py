@@ -26,6 +26,7 @@ import struct
 import threading
 import time
 import zlib
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ import structlog
 
 from broker.store.queue_index_format import (
     FILE_HEADER_SIZE,
+    PUB_RECORD_SIZE,
     REC_ACK,
     REC_DELIVER,
     SEGMENT_MAGIC,
@@ -43,6 +45,8 @@ from broker.store.queue_index_format import (
     encode_offsets,
     encode_pub,
     parse_header,
+    pub_at,
+    record_size,
     scan_segment,
     segment_file_name,
     segment_file_number,
@@ -58,6 +62,7 @@ _CLEAN = struct.Struct(">4sQI")  # magic, next seq_id, crc32 of the two
 _CLEAN_MAGIC = b"HQIC"
 _MAX_OPEN_FILES = 8  # segment descriptors kept open between flushes
 _MAX_JOURNAL_BYTES = 4 << 20  # embedded payload bytes buffered before a forced flush
+_BULK_READ = 32  # more entries than this from one segment: read the file once
 
 # per-entry state in a segment's state array
 _ABSENT = 0
@@ -83,18 +88,28 @@ class RecoveryStats:
 
 
 class _Segment:
-    """In-memory state of one live segment: entry states, the unflushed journal, its fd."""
+    """In-memory state of one live segment: entry states, where each entry's PUB record sits in
+    the file, the unflushed journal, its fd. The two arrays grow as offsets are used, so a queue
+    holding a few messages costs bytes, not the 144 KiB of a full segment."""
 
-    __slots__ = ("acks", "dels", "fd", "number", "pubs", "state", "unacked")
+    __slots__ = ("acks", "dels", "fd", "number", "positions", "pubs", "state", "unacked")
 
-    def __init__(self, number: int, entries: int) -> None:
+    def __init__(self, number: int) -> None:
         self.number = number
-        self.state = bytearray(entries)  # _ABSENT / _PUBLISHED / _DELIVERED per offset
+        self.state = bytearray()  # _ABSENT / _PUBLISHED / _DELIVERED per offset
+        self.positions = array("Q")  # file position of each offset's PUB record
         self.unacked = 0
         self.pubs: dict[int, tuple[int, bytes | None]] = {}  # offset -> (msg_id, payload)
         self.dels: list[int] = []  # delivers of entries already on disk
         self.acks: list[int] = []  # acks of entries already on disk
         self.fd = -1
+
+    def grow(self, rel: int, limit: int) -> None:
+        """Make offset `rel` addressable (doubling, up to the segment size)."""
+        new = min(max(rel + 1, 2 * len(self.state), 64), limit)
+        add = new - len(self.state)
+        self.state.extend(bytes(add))
+        self.positions.frombytes(bytes(8 * add))
 
 
 class QueueIndex:
@@ -140,7 +155,9 @@ class QueueIndex:
             number, rel = divmod(seq_id, n)
             seg = self._segments.get(number)
             if seg is None:
-                seg = self._segments[number] = _Segment(number, n)
+                seg = self._segments[number] = _Segment(number)
+            if rel >= len(seg.state):
+                seg.grow(rel, n)
             if not seg.state[rel]:
                 seg.unacked += 1
             seg.state[rel] = _PUBLISHED
@@ -164,7 +181,7 @@ class QueueIndex:
                     seg = self._segments.get(number)
                     if seg is None:
                         continue
-                if seg.state[rel] != _PUBLISHED:
+                if rel >= len(seg.state) or seg.state[rel] != _PUBLISHED:
                     continue  # unknown, acked or delivered already
                 seg.state[rel] = _DELIVERED
                 if rel not in seg.pubs:  # an unflushed publish carries the flag itself
@@ -184,7 +201,7 @@ class QueueIndex:
                     seg = self._segments.get(number)
                     if seg is None:
                         continue
-                if not seg.state[rel]:
+                if rel >= len(seg.state) or not seg.state[rel]:
                     continue  # unknown or acked already: acks are idempotent
                 seg.state[rel] = _ABSENT
                 seg.unacked -= 1
@@ -262,12 +279,14 @@ class QueueIndex:
                     path.unlink()  # fully acked: RabbitMQ deletes such segments too
                     self._dir_unsynced = True
                     continue
-                seg = self._segments[number] = _Segment(number, self.segment_entries)
+                seg = self._segments[number] = _Segment(number)
+                seg.grow(max(scan.entries), self.segment_entries)
                 base = number * self.segment_entries
                 for rel in sorted(scan.entries):
                     msg_id, payload = scan.entries[rel]
                     delivered = rel in scan.delivered
                     seg.state[rel] = _DELIVERED if delivered else _PUBLISHED
+                    seg.positions[rel] = scan.positions[rel]
                     out.append(IndexEntry(base + rel, msg_id, payload, delivered))
                 seg.unacked = len(scan.entries)
             log.info(
@@ -282,7 +301,9 @@ class QueueIndex:
             return out
 
     def read(self, start_seq: int, end_seq: int) -> list[IndexEntry]:
-        """Un-acked entries with start_seq <= seq_id < end_seq, ascending."""
+        """Un-acked entries with start_seq <= seq_id < end_seq, ascending. Entries on disk are
+        read at their recorded positions: one pread each for a few, one read of the file for
+        many (paging a whole segment back in)."""
         n = self.segment_entries
         out: list[IndexEntry] = []
         if end_seq <= start_seq:
@@ -293,20 +314,18 @@ class QueueIndex:
                 if seg is None:
                     continue
                 base = number * n
-                lo, hi = max(start_seq - base, 0), min(end_seq - base, n)
-                state = seg.state
+                state, pubs = seg.state, seg.pubs
+                lo, hi = max(start_seq - base, 0), min(end_seq - base, len(state))
                 live = [rel for rel in range(lo, hi) if state[rel]]
                 if not live:
                     continue
-                on_disk: dict[int, tuple[int, bytes | None]] = {}
-                if any(rel not in seg.pubs for rel in live):
-                    on_disk = self._read_segment(number).entries
+                on_disk = [rel for rel in live if rel not in pubs]
+                found = self._read_pubs(seg, on_disk) if on_disk else {}
                 for rel in live:
-                    ids = seg.pubs.get(rel) or on_disk.get(rel)
-                    if ids is None:
-                        log.error("queue_index.entry_missing", seq_id=base + rel)
-                        continue
-                    out.append(IndexEntry(base + rel, ids[0], ids[1], state[rel] == _DELIVERED))
+                    ids = pubs.get(rel) or found.get(rel)
+                    if ids is not None:
+                        out.append(IndexEntry(base + rel, ids[0], ids[1], state[rel] == _DELIVERED))
+            self._limit_open_files()
         return out
 
     def bounds(self) -> tuple[int, int]:
@@ -348,12 +367,16 @@ class QueueIndex:
                 if live:
                     encode_offsets(buf, REC_DELIVER, live)
             base = number * self.segment_entries
+            positions = seg.positions
             for rel, (msg_id, payload) in seg.pubs.items():
+                positions[rel] = len(buf)  # relative to this write until it succeeds
                 encode_pub(buf, base + rel, msg_id, payload, state[rel] == _DELIVERED)
             if buf:
                 if seg.fd < 0:
                     seg.fd = self._open_segment(number)
-                _append(seg.fd, buf)  # on failure the journal stays for a retry
+                start = _append(seg.fd, buf)  # on failure the journal stays for a retry
+                for rel in seg.pubs:
+                    positions[rel] += start
                 self._unsynced.add(number)
             seg.pubs, seg.dels, seg.acks = {}, [], []
         self._dirty.clear()
@@ -362,7 +385,7 @@ class QueueIndex:
 
     def _open_segment(self, number: int) -> int:
         path = self.directory / segment_file_name(number)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         if os.fstat(fd).st_size == 0:
             self._dir_unsynced = True
             try:
@@ -400,12 +423,43 @@ class QueueIndex:
                 os.close(seg.fd)
                 seg.fd = -1
 
-    def _read_segment(self, number: int) -> SegmentScan:
-        path = self.directory / segment_file_name(number)
-        try:
-            return scan_segment(path.read_bytes())
-        except (FileNotFoundError, BadHeader):
-            return SegmentScan(number, self.segment_entries)
+    def _read_pubs(self, seg: _Segment, rels: list[int]) -> dict[int, tuple[int, bytes | None]]:
+        """(msg_id, payload) of the flushed entries `rels` of `seg`, read at their positions."""
+        if seg.fd < 0:
+            seg.fd = self._open_segment(seg.number)
+        fd, positions = seg.fd, seg.positions
+        n = self.segment_entries
+        base = seg.number * n
+        out: dict[int, tuple[int, bytes | None]] = {}
+        if len(rels) > _BULK_READ:
+            first = min(positions[rel] for rel in rels)
+            buf = os.pread(fd, os.fstat(fd).st_size - first, first)
+            for rel in rels:
+                got = pub_at(buf, positions[rel] - first, base, n)
+                self._found(out, got, base, rel)
+            return out
+        guess = PUB_RECORD_SIZE + self.embed_below  # enough for any record written now
+        for rel in rels:
+            pos = positions[rel]
+            buf = os.pread(fd, guess, pos)
+            if len(buf) >= PUB_RECORD_SIZE and record_size(buf) > len(buf):
+                buf = os.pread(fd, record_size(buf), pos)  # embedded under a larger setting
+            self._found(out, pub_at(buf, 0, base, n), base, rel)
+        return out
+
+    def _found(
+        self,
+        out: dict[int, tuple[int, bytes | None]],
+        got: tuple[int, int, bytes | None] | None,
+        base: int,
+        rel: int,
+    ) -> None:
+        if got is None or got[0] != base + rel:  # damaged since recovery (or a bug): say so
+            log.error(
+                "queue_index.entry_unreadable", directory=str(self.directory), seq_id=base + rel
+            )
+            return
+        out[rel] = (got[1], got[2])
 
     def _recover_file(self, number: int, path: pathlib.Path) -> SegmentScan | None:
         """Scan one segment file and repair it on disk; None when nothing of it is usable."""
@@ -442,6 +496,8 @@ class QueueIndex:
                 torn_bytes=scan.torn_bytes,
             )
             self._rewrite(path, scan)  # the damage must not sit before future appends
+            rewritten = scan_segment(path.read_bytes())
+            scan.positions = rewritten.positions
         elif scan.torn_bytes:
             self.stats.torn_records += 1
             log.warning(
@@ -560,9 +616,9 @@ def _write_clean_marker(directory: pathlib.Path, next_seq: int) -> None:
     _fsync_dir(directory)
 
 
-def _append(fd: int, data: bytes | bytearray) -> None:
-    """Append all of `data` or, on failure (ENOSPC, EFBIG, EIO), cut the file back to where it
-    was, so no partial record sits before the next append."""
+def _append(fd: int, data: bytes | bytearray) -> int:
+    """Append all of `data` and return where it starts or, on failure (ENOSPC, EFBIG, EIO),
+    cut the file back to where it was, so no partial record sits before the next append."""
     size = os.lseek(fd, 0, os.SEEK_END)
     try:
         _write_all(fd, data)
@@ -570,6 +626,7 @@ def _append(fd: int, data: bytes | bytearray) -> None:
         with contextlib.suppress(OSError):
             os.ftruncate(fd, size)
         raise
+    return size
 
 
 def _write_all(fd: int, data: bytes | bytearray) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 __all__ = [
     "FILE_HEADER_SIZE",
     "FORMAT_VERSION",
+    "PUB_RECORD_SIZE",
     "REC_ACK",
     "REC_DELIVER",
     "REC_PUB_EMBED",
@@ -36,6 +37,8 @@ __all__ = [
     "encode_offsets",
     "encode_pub",
     "parse_header",
+    "pub_at",
+    "record_size",
     "scan_segment",
     "segment_file_name",
     "segment_file_number",
@@ -55,6 +58,7 @@ FLAG_DELIVERED = 1
 
 _HEADER = struct.Struct(">4sHHIQ")
 FILE_HEADER_SIZE = _HEADER.size  # 20
+PUB_RECORD_SIZE = 9 + 25  # a PUB record without payload
 _CRC = struct.Struct(">I")
 _REC_HEAD = struct.Struct(">IIB")  # crc, body length, type
 _REC_HEAD_SIZE = _REC_HEAD.size  # 9
@@ -139,6 +143,7 @@ class SegmentScan:
     segment_entries: int
     entries: dict[int, tuple[int, bytes | None]] = field(default_factory=dict)  # offset -> ids
     delivered: set[int] = field(default_factory=set)  # offsets of live delivered entries
+    positions: dict[int, int] = field(default_factory=dict)  # offset -> file position of its PUB
     max_seq: int = -1  # highest seq_id published in this file, acked or not
     good_end: int = FILE_HEADER_SIZE  # end of the last good record: where a torn tail is cut
     torn_bytes: int = 0  # bytes after the last good record that form no record
@@ -188,7 +193,7 @@ def scan_segment(buf: bytes) -> SegmentScan:
     number, seg_entries = parse_header(buf)
     scan = SegmentScan(number, seg_entries)
     base = number * seg_entries
-    entries, delivered = scan.entries, scan.delivered
+    entries, delivered, positions = scan.entries, scan.delivered, scan.positions
     n = len(buf)
     pos = FILE_HEADER_SIZE
     unpack_pub = _PUB_BODY.unpack_from
@@ -208,6 +213,7 @@ def scan_segment(buf: bytes) -> SegmentScan:
             rel = seq - base
             payload = buf[body + _PUB_BODY_SIZE : end] if rtype == REC_PUB_EMBED else None
             entries[rel] = (hi << 64 | lo, payload)
+            positions[rel] = pos
             if flags & FLAG_DELIVERED:
                 delivered.add(rel)
             else:
@@ -222,6 +228,7 @@ def scan_segment(buf: bytes) -> SegmentScan:
             else:
                 for o in offsets:
                     entries.pop(o, None)
+                    positions.pop(o, None)
                     delivered.discard(o)
         pos = scan.good_end = end
     scan.torn_bytes = n - pos if pos < n else 0
@@ -236,3 +243,22 @@ def _skip_damage(buf: bytes, pos: int, n: int, base: int, entries: int) -> int:
         if skip < n and _record_at(buf, skip, n, base, entries) is not None:
             return skip
     return _resync(buf, pos + 1, n, base, entries)
+
+
+def pub_at(buf: bytes, pos: int, base: int, entries: int) -> tuple[int, int, bytes | None] | None:
+    """(seq_id, msg_id, payload) of the PUB record at `pos` of a segment image (`buf` may be a
+    piece that starts at the record), or None if no PUB record that checks out is there."""
+    n = len(buf)
+    rec = _record_at(buf, pos, n, base, entries)
+    if rec is None or rec[0] > REC_PUB_EMBED:
+        return None
+    rtype, end = rec
+    body = pos + _REC_HEAD_SIZE
+    seq, hi, lo, _ = _PUB_BODY.unpack_from(buf, body)
+    payload = buf[body + _PUB_BODY_SIZE : end] if rtype == REC_PUB_EMBED else None
+    return seq, hi << 64 | lo, payload
+
+
+def record_size(head: bytes) -> int:
+    """The whole size of the record whose first 9 bytes (or more) are `head`."""
+    return _REC_HEAD_SIZE + _CRC.unpack_from(head, _CRC.size)[0]

@@ -439,6 +439,7 @@ ops = st.lists(
         st.tuples(st.just("deliver"), st.lists(st.integers(0, 40), max_size=5)),
         st.tuples(st.just("ack"), st.lists(st.integers(0, 40), max_size=5)),
         st.tuples(st.just("flush"), st.just(0)),
+        st.tuples(st.just("read"), st.integers(0, 40)),
         st.tuples(st.just("restart"), st.booleans()),
     ),
     max_size=60,
@@ -475,6 +476,13 @@ def test_index_matches_a_model(tmp_path_factory: object, script: list[tuple[str,
         elif op == "flush":
             qi.flush()
             durable = dict(model)
+        elif op == "read":
+            start = int(arg)  # type: ignore[call-overload]
+            got = qi.read(start, next_seq)
+            assert {e.seq_id: (e.payload, e.delivered) for e in got} == {
+                s: v for s, v in model.items() if s >= start
+            }
+            assert [e.seq_id for e in got] == sorted(e.seq_id for e in got)
         else:
             clean = bool(arg)
             if clean:
@@ -589,3 +597,51 @@ def test_failed_header_write_leaves_an_empty_file_the_retry_completes(tmp_path: 
     assert (d / segment_file_name(0)).stat().st_size == 0
     qi.close()
     assert [e.seq_id for e in QueueIndex(d, segment_entries=4).recover()] == [0]
+
+
+def test_read_single_entries_and_whole_segments_from_disk(tmp_path: Path) -> None:
+    d = tmp_path / "q"
+    qi = QueueIndex(d, segment_entries=128)
+    qi.recover()
+    for seq in range(100):
+        qi.publish(seq, mid(seq), payload(seq) if seq % 2 else None)
+    qi.close()
+    qi = QueueIndex(d, segment_entries=128)
+    qi.recover()
+    qi.ack([10])
+    for seq in (0, 1, 57, 99):  # one pread each
+        [e] = qi.read(seq, seq + 1)
+        assert (e.seq_id, e.msg_id, e.payload) == (seq, mid(seq), payload(seq) if seq % 2 else None)
+    assert qi.read(10, 11) == []
+    bulk = qi.read(0, 100)  # one read of the file
+    assert [e.seq_id for e in bulk] == [s for s in range(100) if s != 10]
+    assert all(e.payload == (payload(e.seq_id) if e.seq_id % 2 else None) for e in bulk)
+
+
+def test_read_an_entry_embedded_under_a_larger_threshold(tmp_path: Path) -> None:
+    d = tmp_path / "q"
+    big = payload(6000)
+    qi = QueueIndex(d, embed_below=10_000)
+    qi.recover()
+    qi.publish(0, mid(0), big)
+    qi.close()
+    qi = QueueIndex(d, embed_below=100)  # the first pread is too short for this record
+    qi.recover()
+    assert [e.payload for e in qi.read(0, 1)] == [big]
+
+
+def test_entry_damaged_after_recovery_is_reported_not_returned(tmp_path: Path) -> None:
+    d = tmp_path / "q"
+    qi = QueueIndex(d, segment_entries=8)
+    qi.recover()
+    qi.publish(0, mid(0), None)
+    qi.publish(1, mid(1), None)
+    qi.flush()
+    path = d / segment_file_name(0)
+    data = bytearray(path.read_bytes())
+    data[FILE_HEADER_SIZE + PUB_REF_SIZE + 20] ^= 0xFF  # inside record 1's msg_id
+    path.write_bytes(data)
+    with capture_logs() as logs:
+        got = qi.read(0, 2)
+    assert [e.seq_id for e in got] == [0]
+    assert any(e["event"] == "queue_index.entry_unreadable" for e in logs)
