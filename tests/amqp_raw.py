@@ -115,3 +115,28 @@ class RawClient:
             self.sock.close()
         except OSError:
             pass
+
+
+def raw_frame(ftype: int, channel: int, payload: bytes, end: bytes = b"\xce") -> bytes:
+    """One frame built by hand: type, channel, size, payload and the given end octet."""
+    return struct.pack(">BHI", ftype, channel, len(payload)) + payload + end
+
+
+def roundtrip_ok(port: int, host: str = "127.0.0.1") -> None:
+    """A new connection still works: declare a queue, publish to it, basic.get it back."""
+    c = RawClient(port, host)
+    try:
+        c.handshake()
+        c.open_channel(1)
+        c.send_method(1, commands.Queue.Declare(queue="", exclusive=True))
+        name = c.expect(commands.Queue.DeclareOk, 1).queue
+        c.send_method(1, commands.Basic.Publish(exchange="", routing_key=name))
+        c.send_content(1, b"still alive")
+        c.send_method(1, commands.Basic.Get(queue=name, no_ack=True))
+        c.expect(commands.Basic.GetOk, 1)
+        c.expect(pheader.ContentHeader, 1)
+        from pamqp.body import ContentBody
+        body = c.expect(ContentBody, 1)
+        assert body.value == b"still alive"
+    finally:
+        c.close()

@@ -70,7 +70,7 @@ class FrameCutter:
         end = len(buf)
         limit = self.frame_max
         unpack = _HDR.unpack_from
-        while end - pos >= 8:
+        while end - pos >= 7:  # a whole header: check its size before the payload
             ftype, channel, size = unpack(buf, pos)
             if size + 8 > limit:
                 raise ConnectionError_(

@@ -24,6 +24,7 @@ from broker.protocol import frames
 from broker.protocol.command_assembler import ACK_INDEX
 from broker.protocol.constants import (
     ACCESS_REFUSED,
+    COMMAND_INVALID,
     INTERNAL_ERROR,
     NO_ROUTE,
     NOT_ALLOWED,
@@ -194,12 +195,16 @@ class Channel:
             tag, multiple = frames.decode_ack(payload)
             self._on_ack(tag, multiple)
             return
+        if self._batch:
+            # publishes before this method must reach their queues first (basic.get, purge,
+            # delete, declare counts see them, as RabbitMQ's channel -> queue message order)
+            self._flush_batch()
         method = frames.decode_method(payload)
         handler = _HANDLERS.get(type(method))
-        if handler is None:
+        if handler is None:  # a known method that is not valid here (RabbitMQ: command_invalid)
             raise ConnectionError_(
-                NOT_IMPLEMENTED,
-                f"method {method.name} not implemented",
+                COMMAND_INVALID,
+                f"unimplemented method {method.name}",
                 _ids(method),
             )
         try:
