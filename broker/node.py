@@ -20,6 +20,7 @@ from broker.routing.vhost import VHost
 from broker.server.listener import start_listeners
 
 if TYPE_CHECKING:
+    from broker.mgmt import ManagementServer
     from broker.server.reader import Reader
 
 __all__ = ["Node"]
@@ -51,6 +52,7 @@ class Node:
         self.durable: Durable | None = None
         self.port = settings.port
         self._stopped = asyncio.Event()
+        self.management: ManagementServer | None = None  # broker/mgmt, when the port is not 0
 
     # -- set-up -----------------------------------------------------------------------------
     def add_vhost(self, name: str) -> VHost:
@@ -71,9 +73,27 @@ class Node:
         sock = self.servers[0].sockets[0]
         self.port = sock.getsockname()[1]
         log.info("broker started", node=self.name, port=self.port, host=self.settings.host or "*")
+        # -- management hook (broker/mgmt owns this block) --
+        if self.settings.management_port:
+            from broker.mgmt import start_management
+
+            port = self.settings.management_port
+            try:
+                self.management = await start_management(
+                    self, self.settings.management_host, port
+                )
+            except OSError as exc:  # no errno: hare-server's message must not blame the AMQP port
+                raise OSError(f"management port {port}: {exc.strerror or exc}") from exc
+            line = f"hare-management listening on port {self.management.port}"
+            # printed after hare-server's own "listening on port" line, which harnesses read first
+            asyncio.get_running_loop().call_soon(lambda: print(line, flush=True))
+        # -- end of management hook --
 
     async def stop(self, reason: str = "broker shutdown") -> None:
         """Stop accepting, close clients with 320, stop queues; the stores flush last."""
+        if self.management is not None:  # management hook: stop the HTTP API first
+            await self.management.stop()
+            self.management = None
         for server in self.servers:
             server.close()
         await self.memory_monitor.stop()

@@ -1,0 +1,282 @@
+"""/api/vhosts, /api/users, /api/permissions and /api/whoami."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from broker.config import hash_password, is_password_hash
+from broker.mgmt.api import opened_connections, vhost_of
+from broker.mgmt.server import (
+    NODE,
+    ApiError,
+    created_or_updated,
+    json_response,
+    no_content,
+    read_json,
+)
+from broker.mgmt.stats import details
+
+if TYPE_CHECKING:
+    from broker.auth import User
+    from broker.node import Node
+    from broker.store.definitions import Definitions
+
+__all__ = [
+    "HASHING_ALGORITHM",
+    "add_routes",
+    "delete_vhost",
+    "parse_tags",
+    "permission_json",
+    "put_user",
+    "user_json",
+]
+
+HASHING_ALGORITHM = "rabbit_password_hashing_sha256"
+
+
+def _db(node: Node) -> Definitions | None:
+    """The definitions database, so users, permissions and vhost deletions made here survive
+    a restart (Auth itself keeps memory only; vhosts and topology persist on their own)."""
+    durable = getattr(node, "durable", None)
+    return getattr(durable, "definitions", None)
+
+
+# -- vhosts -------------------------------------------------------------------------------------
+def vhost_json(node: Node, name: str) -> dict[str, Any]:
+    vhost = node.vhosts[name]
+    totals = {"messages": 0, "messages_ready": 0, "messages_unacknowledged": 0}
+    for q in list(vhost.queues.values()):
+        info = q.info()
+        for key in totals:
+            totals[key] += int(info.get(key, 0))
+    out: dict[str, Any] = {"name": name, "description": "", "tags": [], "tracing": False,
+                           "cluster_state": {node.name: "running"}}
+    out.update(totals)
+    for key in totals:
+        out[f"{key}_details"] = details(0.0)
+    return out
+
+
+async def vhosts(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    return json_response([vhost_json(node, name) for name in sorted(node.vhosts)])
+
+
+async def vhost_one(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    vhost = vhost_of(node, request.match_info["vhost"])
+    return json_response(vhost_json(node, vhost.name))
+
+
+async def vhost_put(request: web.Request) -> web.Response:
+    """Create a vhost; the user who created it gets full permissions on it, as RabbitMQ's
+    management API does, so an administrator can use it at once."""
+    node = request.app[NODE]
+    name = request.match_info["vhost"]
+    await read_json(request)  # description/tags are accepted and not kept
+    existed = name in node.vhosts
+    node.add_vhost(name)
+    user: User = request["user"]
+    if not existed and node.auth.permissions(user.name, name) is None:
+        set_permission(node, user.name, name, {"configure": ".*", "write": ".*", "read": ".*"})
+    return created_or_updated(not existed)
+
+
+def delete_vhost(node: Node, name: str) -> None:
+    """Close its connections (320), stop its queues, drop it and its permissions."""
+    vhost = vhost_of(node, name)
+    for conn in opened_connections(node):
+        if conn.vhost is vhost:
+            conn.force_close(f"vhost '{name}' is deleted")
+    for q in list(vhost.queues.values()):
+        vhost.delete_queue(q)
+    vhost.stop()
+    del node.vhosts[name]
+    for key in [k for k in node.auth.perms if k[1] == name]:
+        del node.auth.perms[key]
+    db = _db(node)
+    if db is not None:
+        db.delete_vhost(name)
+
+
+async def vhost_delete(request: web.Request) -> web.Response:
+    delete_vhost(request.app[NODE], request.match_info["vhost"])
+    return no_content()
+
+
+# -- users --------------------------------------------------------------------------------------
+def parse_tags(value: object) -> list[str]:
+    """Tags as RabbitMQ accepts them: a list, or one comma-separated string."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [t.strip() for t in value.split(",") if t.strip()]
+    if isinstance(value, list) and all(isinstance(t, str) for t in value):
+        return [t.strip() for t in value if t.strip()]
+    raise ApiError(400, "tags must be a string or a list of strings")
+
+
+def user_json(user: User) -> dict[str, Any]:
+    return {
+        "name": user.name,
+        "password_hash": user.password_hash,
+        "hashing_algorithm": HASHING_ALGORITHM,
+        "tags": list(user.tags),
+        "limits": {},
+    }
+
+
+def put_user(node: Node, name: str, body: dict[str, Any]) -> bool:
+    """Create or update a user from a JSON body; True when it was created."""
+    existing = node.auth.users.get(name)
+    algorithm = body.get("hashing_algorithm", HASHING_ALGORITHM)
+    if algorithm != HASHING_ALGORITHM:
+        raise ApiError(400, f"hashing_algorithm {algorithm!r} is not supported "
+                            f"(only {HASHING_ALGORITHM})")
+    if "password" in body:
+        password = body["password"]
+        if not isinstance(password, str):
+            raise ApiError(400, "password must be a string")
+        password_hash = hash_password(password)
+    elif "password_hash" in body:
+        password_hash = body["password_hash"]
+        # "" is allowed, as RabbitMQ: the user exists but cannot log in with a password
+        if not isinstance(password_hash, str) or (password_hash
+                                                 and not is_password_hash(password_hash)):
+            raise ApiError(400, "password_hash is not a base64 salted SHA-256 hash")
+    elif existing is not None:
+        password_hash = existing.password_hash
+    else:
+        raise ApiError(400, "password or password_hash must be set")
+    tags = parse_tags(body.get("tags")) if "tags" in body else (
+        list(existing.tags) if existing is not None else [])
+    node.auth.add_user(name, password_hash=password_hash, tags=tags)
+    db = _db(node)
+    if db is not None:
+        db.put_user(name, password_hash, tags)
+    return existing is None
+
+
+async def users(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    return json_response([user_json(u) for _, u in sorted(node.auth.users.items())])
+
+
+def _user(node: Node, name: str) -> User:
+    user = node.auth.users.get(name)
+    if user is None:
+        raise ApiError(404, "Not Found")
+    return user
+
+
+async def user_one(request: web.Request) -> web.Response:
+    return json_response(user_json(_user(request.app[NODE], request.match_info["user"])))
+
+
+async def user_put(request: web.Request) -> web.Response:
+    body = await read_json(request)
+    return created_or_updated(put_user(request.app[NODE], request.match_info["user"], body))
+
+
+async def user_delete(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    name = _user(node, request.match_info["user"]).name
+    node.auth.delete_user(name)
+    db = _db(node)
+    if db is not None:
+        db.delete_user(name)
+    return no_content()
+
+
+async def whoami(request: web.Request) -> web.Response:
+    user: User = request["user"]
+    return json_response({"name": user.name, "tags": list(user.tags)})
+
+
+# -- permissions --------------------------------------------------------------------------------
+def permission_json(node: Node, user: str, vhost: str) -> dict[str, Any]:
+    configure, write, read = node.auth.perms[(user, vhost)].patterns()
+    return {"user": user, "vhost": vhost, "configure": configure, "write": write, "read": read}
+
+
+async def permissions(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    want_user = request.match_info.get("user")
+    want_vhost = request.match_info.get("vhost")
+    if want_user is not None:
+        _user(node, want_user)
+    if want_vhost is not None:
+        vhost_of(node, want_vhost)
+    return json_response([
+        permission_json(node, user, vhost) for user, vhost in sorted(node.auth.perms)
+        if want_user in (None, user) and want_vhost in (None, vhost)
+    ])
+
+
+async def permission_one(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    key = (request.match_info["user"], request.match_info["vhost"])
+    if key not in node.auth.perms:
+        raise ApiError(404, "Not Found")
+    return json_response(permission_json(node, *key))
+
+
+def set_permission(node: Node, user: str, vhost: str, body: dict[str, Any]) -> bool:
+    if user not in node.auth.users:
+        raise ApiError(400, f"user '{user}' does not exist")
+    if vhost not in node.vhosts:
+        raise ApiError(400, f"vhost '{vhost}' does not exist")
+    patterns = []
+    for field in ("configure", "write", "read"):
+        value = body.get(field)
+        if not isinstance(value, str):
+            raise ApiError(400, f"{field} must be a string (a regular expression)")
+        patterns.append(value)
+    existed = node.auth.permissions(user, vhost) is not None
+    try:
+        node.auth.set_permissions(user, vhost, *patterns)
+    except Exception as exc:  # re.error: a bad regular expression is the client's mistake
+        raise ApiError(400, f"bad regular expression: {exc}") from exc
+    db = _db(node)
+    if db is not None:
+        db.put_permission(user, vhost, *patterns)
+    return not existed
+
+
+async def permission_put(request: web.Request) -> web.Response:
+    body = await read_json(request)
+    created = set_permission(request.app[NODE], request.match_info["user"],
+                             request.match_info["vhost"], body)
+    return created_or_updated(created)
+
+
+async def permission_delete(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    user, vhost = request.match_info["user"], request.match_info["vhost"]
+    if not node.auth.clear_permissions(user, vhost):
+        raise ApiError(404, "Not Found")
+    db = _db(node)
+    if db is not None:
+        db.delete_permission(user, vhost)
+    return no_content()
+
+
+def add_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/api/vhosts", vhosts)
+    r.add_get("/api/vhosts/{vhost}", vhost_one)
+    r.add_put("/api/vhosts/{vhost}", vhost_put)
+    r.add_delete("/api/vhosts/{vhost}", vhost_delete)
+    r.add_get("/api/vhosts/{vhost}/permissions", permissions)
+    r.add_get("/api/users", users)
+    r.add_get("/api/users/{user}", user_one)
+    r.add_put("/api/users/{user}", user_put)
+    r.add_delete("/api/users/{user}", user_delete)
+    r.add_get("/api/users/{user}/permissions", permissions)
+    r.add_get("/api/whoami", whoami)
+    r.add_get("/api/permissions", permissions)
+    r.add_get("/api/permissions/{vhost}/{user}", permission_one)
+    r.add_put("/api/permissions/{vhost}/{user}", permission_put)
+    r.add_delete("/api/permissions/{vhost}/{user}", permission_delete)

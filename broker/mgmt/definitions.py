@@ -1,0 +1,188 @@
+"""/api/definitions: export and import in RabbitMQ's definitions JSON, so a RabbitMQ export
+loads into Hare and a Hare export loads into RabbitMQ.
+
+As RabbitMQ, only durable queues and exchanges are exported (transient ones are not topology
+to restore), never the amq.* and default exchanges, nor the implicit default-exchange
+bindings. Import applies vhosts, users, permissions, exchanges, queues, then bindings; the
+first bad item stops it with a 400 naming that item (what came before it stays applied, as
+RabbitMQ). Sections Hare has no notion of (policies, parameters, topic permissions) are
+ignored and counted in the log."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from aiohttp import web
+
+from broker import __version__
+from broker.mgmt.admin import permission_json, put_user, set_permission, user_json
+from broker.mgmt.server import NODE, ApiError, json_response, no_content, read_json
+from broker.protocol.errors import AMQPError
+from broker.routing.exchange import Exchange
+
+if TYPE_CHECKING:
+    from broker.node import Node
+
+__all__ = ["add_routes", "export_definitions", "import_definitions"]
+
+log = structlog.get_logger("hare.mgmt")
+
+_IGNORED = ("policies", "parameters", "global_parameters", "topic_permissions")
+
+
+def _builtin(name: str) -> bool:
+    return name == "" or name.startswith("amq.")
+
+
+def export_definitions(node: Node) -> dict[str, Any]:
+    queues: list[dict[str, Any]] = []
+    exchanges: list[dict[str, Any]] = []
+    bindings: list[dict[str, Any]] = []
+    for vname in sorted(node.vhosts):
+        vhost = node.vhosts[vname]
+        exported_q = {name for name, q in vhost.queues.items()
+                      if q.durable and q.exclusive_owner is None}
+        for name in sorted(exported_q):
+            q = vhost.queues[name]
+            queues.append({"name": name, "vhost": vname, "durable": True,
+                           "auto_delete": q.auto_delete, "arguments": q.arguments})
+        for name in sorted(vhost.exchanges):
+            ex = vhost.exchanges[name]
+            if ex.durable and not _builtin(name):
+                exchanges.append({"name": name, "vhost": vname, "type": ex.type,
+                                  "durable": True, "auto_delete": ex.auto_delete,
+                                  "internal": ex.internal, "arguments": ex.arguments})
+        for name in sorted(vhost.exchanges):
+            ex = vhost.exchanges[name]
+            if name == "" or not ex.durable:
+                continue
+            for b in ex.bindings():
+                dest = b.destination
+                if isinstance(dest, Exchange):
+                    if not dest.durable:
+                        continue
+                    dest_name, kind = dest.name, "exchange"
+                else:
+                    dest_name, kind = str(getattr(dest, "name", "")), "queue"
+                    if dest_name not in exported_q:
+                        continue
+                bindings.append({"source": name, "vhost": vname, "destination": dest_name,
+                                 "destination_type": kind, "routing_key": b.routing_key,
+                                 "arguments": b.arguments_dict()})
+    return {
+        "rabbit_version": __version__,
+        "rabbitmq_version": __version__,
+        "product_name": "Hare",
+        "product_version": __version__,
+        "users": [user_json(u) for _, u in sorted(node.auth.users.items())],
+        "vhosts": [{"name": name, "limits": [], "metadata": {"description": "", "tags": []}}
+                   for name in sorted(node.vhosts)],
+        "permissions": [permission_json(node, user, vhost)
+                        for user, vhost in sorted(node.auth.perms)],
+        "topic_permissions": [],
+        "parameters": [],
+        "global_parameters": [],
+        "policies": [],
+        "queues": queues,
+        "exchanges": exchanges,
+        "bindings": bindings,
+    }
+
+
+def _items(defs: dict[str, Any], section: str) -> list[dict[str, Any]]:
+    items = defs.get(section) or []
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise ApiError(400, f"'{section}' must be a list of objects")
+    return items
+
+
+def _str(item: dict[str, Any], key: str, section: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise ApiError(400, f"{section}: {key} missing or not a string in {item!r}")
+    return value
+
+
+def _vhost(node: Node, item: dict[str, Any], section: str) -> Any:
+    name = _str(item, "vhost", section)
+    vhost = node.vhosts.get(name)
+    if vhost is None:
+        raise ApiError(400, f"{section}: vhost '{name}' does not exist (item {item!r})")
+    return vhost
+
+
+def import_definitions(node: Node, defs: dict[str, Any]) -> dict[str, int]:
+    """Apply a definitions document; returns how many items of each section were applied."""
+    done: dict[str, int] = {}
+    for item in _items(defs, "vhosts"):
+        node.add_vhost(_str(item, "name", "vhosts"))
+    done["vhosts"] = len(_items(defs, "vhosts"))
+    for item in _items(defs, "users"):
+        body = {k: item[k] for k in ("password", "password_hash", "hashing_algorithm", "tags")
+                if k in item}
+        if "password" not in body and "password_hash" not in body:
+            body["password_hash"] = ""
+        put_user(node, _str(item, "name", "users"), body)
+    done["users"] = len(_items(defs, "users"))
+    for item in _items(defs, "permissions"):
+        set_permission(node, _str(item, "user", "permissions"),
+                       _str(item, "vhost", "permissions"), item)
+    done["permissions"] = len(_items(defs, "permissions"))
+    try:
+        for item in _items(defs, "exchanges"):
+            name = _str(item, "name", "exchanges")
+            if _builtin(name):
+                continue
+            _vhost(node, item, "exchanges").declare_exchange(
+                name, _str(item, "type", "exchanges"),
+                durable=bool(item.get("durable", True)),
+                auto_delete=bool(item.get("auto_delete", False)),
+                internal=bool(item.get("internal", False)),
+                arguments=item.get("arguments") or {},
+            )
+        done["exchanges"] = len(_items(defs, "exchanges"))
+        for item in _items(defs, "queues"):
+            _vhost(node, item, "queues").declare_queue(
+                _str(item, "name", "queues"),
+                durable=bool(item.get("durable", True)),
+                auto_delete=bool(item.get("auto_delete", False)),
+                arguments=item.get("arguments") or {},
+            )
+        done["queues"] = len(_items(defs, "queues"))
+        for item in _items(defs, "bindings"):
+            vhost = _vhost(node, item, "bindings")
+            source = _str(item, "source", "bindings")
+            if source == "":
+                continue  # implicit default-exchange binding: exists with the queue
+            dest = _str(item, "destination", "bindings")
+            key = item.get("routing_key") or ""
+            args = item.get("arguments") or {}
+            if item.get("destination_type", "queue") == "queue":
+                vhost.bind_queue(vhost.queue(dest), source, key, args)
+            else:
+                vhost.bind_exchange(dest, source, key, args)
+        done["bindings"] = len(_items(defs, "bindings"))
+    except AMQPError as exc:
+        raise ApiError(400, f"definitions import failed: {exc.text}") from exc
+    ignored = {s: len(defs[s]) for s in _IGNORED if isinstance(defs.get(s), list) and defs[s]}
+    log.info("definitions imported", **done, ignored=ignored or None)
+    return done
+
+
+async def definitions_get(request: web.Request) -> web.Response:
+    resp = json_response(export_definitions(request.app[NODE]))
+    if request.query.get("download"):
+        name = request.query["download"].replace('"', "")
+        resp.headers["Content-Disposition"] = f'attachment; filename="{name}"'
+    return resp
+
+
+async def definitions_post(request: web.Request) -> web.Response:
+    import_definitions(request.app[NODE], await read_json(request))
+    return no_content()
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/api/definitions", definitions_get)
+    app.router.add_post("/api/definitions", definitions_post)

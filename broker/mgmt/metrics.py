@@ -1,0 +1,137 @@
+"""/metrics in Prometheus' text format, named as RabbitMQ's prometheus plugin names them, so
+its Grafana dashboards read Hare. A collector reads the live objects on each scrape; it keeps
+no state of its own (the totals come from the management Stats, which remember closed
+channels and deleted queues)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from broker import __version__
+from broker.flow.memory_monitor import process_memory
+from broker.mgmt.server import NODE, STATS
+from broker.mgmt.stats import Stats, channels, queues
+
+if TYPE_CHECKING:
+    from broker.node import Node
+
+__all__ = ["HareCollector", "add_routes", "render"]
+
+
+def _store_stats(node: Node) -> list[tuple[str, dict[str, Any]]]:
+    """(name, stats) of each message store, when the node has stores (else nothing)."""
+    stores = getattr(node, "stores", None)
+    if not stores:  # today the stores hang off the node's Durable
+        durable = getattr(node, "durable", None)
+        stores = [s for s in (getattr(durable, "persistent", None),
+                              getattr(durable, "transient", None)) if s is not None]
+    if not stores:
+        return []
+    items = stores.items() if isinstance(stores, dict) else (
+        (str(getattr(s, "name", i)), s) for i, s in enumerate(stores))
+    out = []
+    for name, store in items:
+        stats = getattr(store, "stats", None)
+        if callable(stats):
+            out.append((str(name), stats()))
+    return out
+
+
+class HareCollector(Collector):
+    def __init__(self, node: Node, stats: Stats) -> None:
+        self.node = node
+        self.stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        node = self.node
+        info = GaugeMetricFamily("rabbitmq_identity_info", "Node and cluster names",
+                                 labels=["rabbitmq_node", "rabbitmq_cluster"])
+        info.add_metric([node.name, node.name], 1)
+        yield info
+        build = GaugeMetricFamily("rabbitmq_build_info", "Broker version",
+                                  labels=["product", "version"])
+        build.add_metric(["Hare", __version__], 1)
+        yield build
+
+        conns = [c for c in list(node.connections) if c.vhost is not None]
+        all_queues = list(queues(node))
+        yield GaugeMetricFamily("rabbitmq_connections", "Open AMQP connections", len(conns))
+        yield GaugeMetricFamily("rabbitmq_channels", "Open channels",
+                                sum(1 for _ in channels(node)))
+        yield GaugeMetricFamily("rabbitmq_queues", "Queues", len(all_queues))
+        yield GaugeMetricFamily("rabbitmq_consumers", "Consumers",
+                                sum(len(q.consumers) for q in all_queues))
+
+        ready = GaugeMetricFamily("rabbitmq_queue_messages_ready",
+                                  "Messages ready for delivery", labels=["vhost", "queue"])
+        unacked = GaugeMetricFamily("rabbitmq_queue_messages_unacked",
+                                    "Messages delivered and not yet acknowledged",
+                                    labels=["vhost", "queue"])
+        consumers = GaugeMetricFamily("rabbitmq_queue_consumers", "Consumers on a queue",
+                                      labels=["vhost", "queue"])
+        for q in all_queues:
+            qi = q.info()
+            labels = [q.vhost.name, q.name]
+            ready.add_metric(labels, qi.get("messages_ready", 0))
+            unacked.add_metric(labels, qi.get("messages_unacknowledged", 0))
+            consumers.add_metric(labels, qi.get("consumers", 0))
+        yield ready
+        yield unacked
+        yield consumers
+
+        totals = self.stats.totals()
+        for name, key, text in (
+            ("rabbitmq_global_messages_received", "publish", "Messages published by clients"),
+            ("rabbitmq_global_messages_routed", "publish_in", "Messages enqueued into queues"),
+            ("rabbitmq_global_messages_delivered", "deliver_get",
+             "Messages delivered to consumers or fetched with basic.get"),
+            ("rabbitmq_global_messages_redelivered", "redeliver", "Messages redelivered"),
+            ("rabbitmq_global_messages_acknowledged", "ack", "Messages acknowledged"),
+            ("rabbitmq_global_messages_confirmed", "confirm", "Publisher confirms sent"),
+            ("rabbitmq_global_messages_unroutable_returned", "return_unroutable",
+             "Unroutable mandatory messages returned"),
+        ):
+            yield CounterMetricFamily(name, text, totals[key])
+
+        yield GaugeMetricFamily("rabbitmq_process_resident_memory_bytes",
+                                "Resident memory of the broker process", process_memory())
+        alarms = node.alarms_active()
+        yield GaugeMetricFamily("rabbitmq_alarms_memory_used_watermark",
+                                "1 while the memory alarm is in effect", int("memory" in alarms))
+        yield GaugeMetricFamily("rabbitmq_alarms_free_disk_space_watermark",
+                                "1 while the disk alarm is in effect", int("disk" in alarms))
+
+        store_stats = _store_stats(node)
+        if store_stats:
+            size = GaugeMetricFamily("hare_store_bytes", "Bytes in a message store's files",
+                                     labels=["store"])
+            garbage = GaugeMetricFamily("hare_store_garbage_bytes",
+                                        "Bytes of removed messages not yet compacted away",
+                                        labels=["store"])
+            for name, st in store_stats:
+                size.add_metric([name], st.get("bytes", 0))
+                garbage.add_metric([name], st.get("garbage_bytes", 0))
+            yield size
+            yield garbage
+
+
+def render(node: Node, stats: Stats) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(HareCollector(node, stats))
+    return generate_latest(registry)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = render(request.app[NODE], request.app[STATS])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/metrics", _metrics)

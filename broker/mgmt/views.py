@@ -1,0 +1,224 @@
+"""The JSON shape of each broker object, with RabbitMQ's management field names, so tools
+written against RabbitMQ's HTTP API read Hare's unchanged."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from broker import __version__
+from broker.mgmt.stats import QUEUE_COUNTERS, Stats, details
+from broker.routing.exchange import Binding, Exchange
+
+if TYPE_CHECKING:
+    from broker.node import Node
+    from broker.queue.amqqueue import AMQQueue
+    from broker.queue.consumer import Consumer
+    from broker.routing.vhost import VHost
+    from broker.server.channel import Channel
+    from broker.server.reader import Reader
+
+__all__ = [
+    "binding_json",
+    "bindings_of",
+    "channel_json",
+    "connection_json",
+    "consumer_json",
+    "exchange_json",
+    "properties_key",
+    "queue_json",
+]
+
+# What a message costs besides its body (entry tuple, Message object, properties): an
+# estimate for the `memory` field, as Python cannot cheaply measure one queue's share.
+_PER_MESSAGE_BYTES = 200
+_PER_QUEUE_BYTES = 2048
+
+
+def queue_json(q: AMQQueue, stats: Stats, node_name: str) -> dict[str, Any]:
+    info = q.info()
+    message_stats: dict[str, Any] = {}
+    for key, attr in QUEUE_COUNTERS.items():
+        message_stats[key] = int(getattr(q, attr, 0) or 0)
+        message_stats[f"{key}_details"] = details(stats.rate(q, key))
+    messages = int(info.get("messages", 0))
+    body_bytes = int(info.get("message_bytes_ready", 0))
+    owner = q.exclusive_owner
+    return {
+        "name": q.name,
+        "vhost": q.vhost.name,
+        "durable": q.durable,
+        "auto_delete": q.auto_delete,
+        "exclusive": owner is not None,
+        "owner_pid_details": {"name": getattr(owner, "name", "")} if owner is not None else None,
+        "arguments": q.arguments,
+        "node": node_name,
+        "type": "classic",
+        "state": "running",
+        "messages": messages,
+        "messages_details": details(stats.rate(q, "messages")),
+        "messages_ready": int(info.get("messages_ready", 0)),
+        "messages_ready_details": details(stats.rate(q, "messages_ready")),
+        "messages_unacknowledged": int(info.get("messages_unacknowledged", 0)),
+        "messages_unacknowledged_details": details(stats.rate(q, "messages_unacknowledged")),
+        "message_bytes_ready": body_bytes,
+        "consumers": int(info.get("consumers", 0)),
+        "memory": _PER_QUEUE_BYTES + body_bytes + messages * _PER_MESSAGE_BYTES,
+        "message_stats": message_stats,
+    }
+
+
+def exchange_json(ex: Exchange, vhost: VHost) -> dict[str, Any]:
+    return {
+        "name": ex.name,
+        "vhost": vhost.name,
+        "type": ex.type,
+        "durable": ex.durable,
+        "auto_delete": ex.auto_delete,
+        "internal": ex.internal,
+        "arguments": ex.arguments,
+        "user_who_performed_action": "rmq-internal",
+    }
+
+
+def properties_key(routing_key: str, arguments: dict[str, Any]) -> str:
+    """RabbitMQ's way to name one binding in a URL: the key, plus a hash of the arguments."""
+    key = quote(routing_key, safe="") if routing_key else "~"
+    if arguments:
+        digest = hashlib.sha1(json.dumps(arguments, sort_keys=True, default=str).encode())
+        key = f"{quote(routing_key, safe='')}~{digest.hexdigest()[:12]}"
+    return key
+
+
+def _destination(dest: object) -> tuple[str, str]:
+    if isinstance(dest, Exchange):
+        return dest.name, "exchange"
+    return str(getattr(dest, "name", dest)), "queue"
+
+
+def binding_json(vhost: VHost, b: Binding) -> dict[str, Any]:
+    name, kind = _destination(b.destination)
+    args = b.arguments_dict()
+    return {
+        "source": b.source,
+        "vhost": vhost.name,
+        "destination": name,
+        "destination_type": kind,
+        "routing_key": b.routing_key,
+        "arguments": args,
+        "properties_key": properties_key(b.routing_key, args),
+    }
+
+
+def bindings_of(vhost: VHost, *, implicit: bool = True) -> list[dict[str, Any]]:
+    """Every binding in the vhost; `implicit` adds each queue's default-exchange binding, which
+    RabbitMQ lists too (but never exports)."""
+    out: list[dict[str, Any]] = []
+    if implicit:
+        for q in list(vhost.queues.values()):
+            out.append({
+                "source": "", "vhost": vhost.name, "destination": q.name,
+                "destination_type": "queue", "routing_key": q.name, "arguments": {},
+                "properties_key": properties_key(q.name, {}),
+            })
+    for ex in list(vhost.exchanges.values()):
+        if ex.name == "":
+            continue
+        out.extend(binding_json(vhost, b) for b in ex.bindings())
+    return out
+
+
+def _connected_at(conn: Reader) -> int:
+    """Reader.opened_at is loop time; the API speaks milliseconds since the epoch."""
+    ago = conn.loop.time() - conn.opened_at if conn.opened_at else 0.0
+    return int((time.time() - ago) * 1000)
+
+
+def connection_json(conn: Reader, node: Node) -> dict[str, Any]:
+    info = conn.info()
+    local = ("", 0)
+    if conn.transport is not None:
+        sock = conn.transport.get_extra_info("sockname")
+        if sock:
+            local = (sock[0], sock[1])
+    return {
+        "name": conn.name,
+        "node": node.name,
+        "type": "network",
+        "protocol": "AMQP 0-9-1",
+        "vhost": info["vhost"],
+        "user": info["user"],
+        "host": local[0],
+        "port": local[1],
+        "peer_host": info["peer_host"],
+        "peer_port": info["peer_port"],
+        "channels": info["channels"],
+        "state": info["state"],
+        "frame_max": info["frame_max"],
+        "channel_max": info["channel_max"],
+        "timeout": info["heartbeat"],
+        "client_properties": info["client_properties"],
+        "recv_oct": info["recv_oct"],
+        "send_oct": info["send_oct"],
+        "connected_at": _connected_at(conn),
+        "ssl": False,
+    }
+
+
+def _channel_name(ch: Channel) -> str:
+    return f"{ch.reader.name} ({ch.number})"
+
+
+def channel_json(ch: Channel, node: Node) -> dict[str, Any]:
+    info = ch.info()
+    conn = ch.reader
+    return {
+        "name": _channel_name(ch),
+        "number": ch.number,
+        "node": node.name,
+        "user": info["user"],
+        "vhost": info["vhost"],
+        "connection_details": {
+            "name": conn.name, "peer_host": conn.peer[0], "peer_port": conn.peer[1],
+        },
+        "confirm": info["confirm"],
+        "transactional": info["transactional"],
+        "consumer_count": info["consumer_count"],
+        "messages_unacknowledged": info["messages_unacknowledged"],
+        "messages_unconfirmed": info["messages_unconfirmed"],
+        "messages_uncommitted": 0,
+        "acks_uncommitted": 0,
+        "prefetch_count": info["prefetch_count"],
+        "global_prefetch_count": info["global_prefetch_count"],
+        "state": "flow" if conn.blocked_by_credit else "running",
+        "message_stats": {"publish": int(getattr(ch, "published", 0))},
+    }
+
+
+def consumer_json(c: Consumer) -> dict[str, Any]:
+    ch = c.channel
+    return {
+        "consumer_tag": c.tag,
+        "queue": {"name": c.queue.name, "vhost": c.queue.vhost.name},
+        "channel_details": {
+            "name": _channel_name(ch),
+            "number": ch.number,
+            "connection_name": ch.reader.name,
+            "peer_host": ch.reader.peer[0],
+            "peer_port": ch.reader.peer[1],
+            "user": ch.user,
+        },
+        "ack_required": not c.no_ack,
+        "exclusive": c.exclusive,
+        "prefetch_count": c.prefetch,
+        "arguments": c.arguments,
+        "active": True,
+        "activity_status": "up",
+    }
+
+
+def product() -> dict[str, str]:
+    return {"product_name": "Hare", "product_version": __version__}
