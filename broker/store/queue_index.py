@@ -52,7 +52,7 @@ from broker.store.queue_index_format import (
     segment_file_number,
 )
 
-__all__ = ["IndexEntry", "QueueIndex", "RecoveryStats", "msg_refs"]
+__all__ = ["IndexEntry", "QueueIndex", "RecoveryStats", "msg_refs", "remove_orphans"]
 
 log = structlog.get_logger(__name__)
 
@@ -133,6 +133,7 @@ class QueueIndex:
         self._journal_ops = 0
         self._journal_bytes = 0
         self._closed = False
+        self._recovered = False
         self.directory.mkdir(parents=True, exist_ok=True)
         self.segment_entries = _existing_segment_entries(self.directory) or segment_entries
         if self.segment_entries != segment_entries:
@@ -152,6 +153,8 @@ class QueueIndex:
     def publish(self, seq_id: int, msg_id: int, payload: bytes | None) -> None:
         n = self.segment_entries
         with self._lock:
+            if not self._recovered:
+                self._recover_implied()
             number, rel = divmod(seq_id, n)
             seg = self._segments.get(number)
             if seg is None:
@@ -263,69 +266,86 @@ class QueueIndex:
 
     # -- reads --------------------------------------------------------------------------------
     def recover(self) -> list[IndexEntry]:
-        """Un-acked entries, ascending seq_id. Repairs what it can (see the module docstring)."""
+        """Un-acked entries, ascending seq_id. Repairs what it can (see the module docstring).
+        Meant to run once, at start; a second call just reads what the index holds."""
         with self._lock:
-            if self._segments:
-                raise RuntimeError("recover() must run before the first publish")
-            for stray in self.directory.glob("*.tmp"):
-                stray.unlink(missing_ok=True)
-            out: list[IndexEntry] = []
-            for number, path in _segment_files(self.directory):
-                scan = self._recover_file(number, path)
-                if scan is None:
-                    continue
-                self._next_seq = max(self._next_seq, scan.max_seq + 1)
-                if not scan.entries:
-                    path.unlink()  # fully acked: RabbitMQ deletes such segments too
-                    self._dir_unsynced = True
-                    continue
-                seg = self._segments[number] = _Segment(number)
-                seg.grow(max(scan.entries), self.segment_entries)
-                base = number * self.segment_entries
-                for rel in sorted(scan.entries):
-                    msg_id, payload = scan.entries[rel]
-                    delivered = rel in scan.delivered
-                    seg.state[rel] = _DELIVERED if delivered else _PUBLISHED
-                    seg.positions[rel] = scan.positions[rel]
-                    out.append(IndexEntry(base + rel, msg_id, payload, delivered))
-                seg.unacked = len(scan.entries)
-            log.info(
-                "queue_index.recovered",
-                directory=str(self.directory),
-                entries=len(out),
-                clean=self.clean_shutdown,
-                torn=self.stats.torn_records,
-                corrupt=self.stats.corrupt_records,
-                quarantined=self.stats.quarantined_segments,
-            )
-            return out
+            if self._recovered:
+                return self._read_locked(0, self._next_seq)
+            return self._recover_locked()
+
+    def _recover_implied(self) -> None:
+        """publish() before recover(): a new queue, unless its directory holds segments (say a
+        queue of the same name was deleted during a crash). Their entries are loaded, never
+        appended to blindly nor dropped; the owner should have recovered or removed them."""
+        if _segment_files(self.directory):
+            log.warning("queue_index.recover_implied", directory=str(self.directory))
+            self._recover_locked()
+        self._recovered = True
+
+    def _recover_locked(self) -> list[IndexEntry]:
+        self._recovered = True
+        for stray in self.directory.glob("*.tmp"):
+            stray.unlink(missing_ok=True)
+        out: list[IndexEntry] = []
+        for number, path in _segment_files(self.directory):
+            scan = self._recover_file(number, path)
+            if scan is None:
+                continue
+            self._next_seq = max(self._next_seq, scan.max_seq + 1)
+            if not scan.entries:
+                path.unlink()  # fully acked: RabbitMQ deletes such segments too
+                self._dir_unsynced = True
+                continue
+            seg = self._segments[number] = _Segment(number)
+            seg.grow(max(scan.entries), self.segment_entries)
+            base = number * self.segment_entries
+            for rel in sorted(scan.entries):
+                msg_id, payload = scan.entries[rel]
+                delivered = rel in scan.delivered
+                seg.state[rel] = _DELIVERED if delivered else _PUBLISHED
+                seg.positions[rel] = scan.positions[rel]
+                out.append(IndexEntry(base + rel, msg_id, payload, delivered))
+            seg.unacked = len(scan.entries)
+        log.info(
+            "queue_index.recovered",
+            directory=str(self.directory),
+            entries=len(out),
+            clean=self.clean_shutdown,
+            torn=self.stats.torn_records,
+            corrupt=self.stats.corrupt_records,
+            quarantined=self.stats.quarantined_segments,
+        )
+        return out
 
     def read(self, start_seq: int, end_seq: int) -> list[IndexEntry]:
         """Un-acked entries with start_seq <= seq_id < end_seq, ascending. Entries on disk are
         read at their recorded positions: one pread each for a few, one read of the file for
         many (paging a whole segment back in)."""
+        with self._lock:
+            return self._read_locked(start_seq, end_seq)
+
+    def _read_locked(self, start_seq: int, end_seq: int) -> list[IndexEntry]:
         n = self.segment_entries
         out: list[IndexEntry] = []
         if end_seq <= start_seq:
             return out
-        with self._lock:
-            for number in range(start_seq // n, (end_seq - 1) // n + 1):
-                seg = self._segments.get(number)
-                if seg is None:
-                    continue
-                base = number * n
-                state, pubs = seg.state, seg.pubs
-                lo, hi = max(start_seq - base, 0), min(end_seq - base, len(state))
-                live = [rel for rel in range(lo, hi) if state[rel]]
-                if not live:
-                    continue
-                on_disk = [rel for rel in live if rel not in pubs]
-                found = self._read_pubs(seg, on_disk) if on_disk else {}
-                for rel in live:
-                    ids = pubs.get(rel) or found.get(rel)
-                    if ids is not None:
-                        out.append(IndexEntry(base + rel, ids[0], ids[1], state[rel] == _DELIVERED))
-            self._limit_open_files()
+        for number in range(start_seq // n, (end_seq - 1) // n + 1):
+            seg = self._segments.get(number)
+            if seg is None:
+                continue
+            base = number * n
+            state, pubs = seg.state, seg.pubs
+            lo, hi = max(start_seq - base, 0), min(end_seq - base, len(state))
+            live = [rel for rel in range(lo, hi) if state[rel]]
+            if not live:
+                continue
+            on_disk = [rel for rel in live if rel not in pubs]
+            found = self._read_pubs(seg, on_disk) if on_disk else {}
+            for rel in live:
+                ids = pubs.get(rel) or found.get(rel)
+                if ids is not None:
+                    out.append(IndexEntry(base + rel, ids[0], ids[1], state[rel] == _DELIVERED))
+        self._limit_open_files()
         return out
 
     def bounds(self) -> tuple[int, int]:
@@ -561,6 +581,28 @@ def msg_refs(root: pathlib.Path) -> dict[int, int]:
             if payload is None:
                 counts[msg_id] = counts.get(msg_id, 0) + 1
     return counts
+
+
+def remove_orphans(root: pathlib.Path, keep: Iterable[pathlib.Path]) -> list[pathlib.Path]:
+    """Delete the queue index directories under `root` that are not in `keep` (the directories
+    of the durable queues the definitions database knows), as RabbitMQ does at boot with its
+    durable queue names. A queue deleted during a crash leaves such a directory; run this before
+    `msg_refs`, so its entries neither keep bodies alive nor come back under a new queue of the
+    same name. Returns what was removed."""
+    root = pathlib.Path(root)
+    kept = {pathlib.Path(p).resolve() for p in keep}
+    found: set[pathlib.Path] = set()
+    for pattern in ("*" + SEGMENT_SUFFIX, CLEAN_MARKER):
+        for path in root.rglob(pattern):
+            if QUARANTINE_DIR not in path.relative_to(root).parts:
+                found.add(path.parent)
+    removed = []
+    for d in sorted(found):
+        if d.resolve() not in kept:
+            shutil.rmtree(d, ignore_errors=True)
+            log.warning("queue_index.orphan_removed", directory=str(d))
+            removed.append(d)
+    return removed
 
 
 # -- file helpers -------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from broker.message import Message
-from broker.store.queue_index import IndexEntry, QueueIndex, msg_refs
+from broker.store.queue_index import IndexEntry, QueueIndex, msg_refs, remove_orphans
 from broker.store.queue_index_format import (
     FILE_HEADER_SIZE,
     REC_ACK,
@@ -645,3 +645,47 @@ def test_entry_damaged_after_recovery_is_reported_not_returned(tmp_path: Path) -
         got = qi.read(0, 2)
     assert [e.seq_id for e in got] == [0]
     assert any(e["event"] == "queue_index.entry_unreadable" for e in logs)
+
+
+def test_publish_before_recover_loads_leftover_segments(tmp_path: Path) -> None:
+    d = tmp_path / "q"
+    old = QueueIndex(d, segment_entries=4)
+    old.recover()
+    old.publish(0, mid(0), None)
+    old.publish(1, mid(1), None)
+    old.close()
+    qi = QueueIndex(d, segment_entries=4)
+    with capture_logs() as logs:
+        qi.publish(2, mid(2), None)  # the owner forgot recover(): nothing is lost or mixed up
+    assert any(e["event"] == "queue_index.recover_implied" for e in logs)
+    qi.ack([2])  # without the loaded state this emptied "segment" would be deleted, 0 and 1 too
+    qi.close()
+    assert [e.seq_id for e in QueueIndex(d, segment_entries=4).recover()] == [0, 1]
+
+
+def test_second_recover_reads_what_the_index_holds(tmp_path: Path) -> None:
+    qi = QueueIndex(tmp_path / "q", segment_entries=4)
+    assert qi.recover() == []
+    qi.publish(0, mid(0), None)
+    qi.publish(5, mid(5), payload(5))
+    qi.deliver([5])
+    assert qi.recover() == [
+        IndexEntry(0, mid(0), None, False),
+        IndexEntry(5, mid(5), payload(5), True),
+    ]
+
+
+def test_remove_orphans_keeps_only_known_queues(tmp_path: Path) -> None:
+    root = tmp_path / "queues"
+    for name in ("live", "gone", "gone_clean"):
+        qi = QueueIndex(root / name, segment_entries=4)
+        qi.recover()
+        if name != "gone_clean":
+            qi.publish(0, mid(0), None)
+            qi.flush()
+        else:
+            qi.close()  # only a clean marker left
+    removed = remove_orphans(root, [root / "live"])
+    assert sorted(p.name for p in removed) == ["gone", "gone_clean"]
+    assert sorted(p.name for p in root.iterdir()) == ["live"]
+    assert msg_refs(root) == {mid(0): 1}
