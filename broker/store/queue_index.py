@@ -241,7 +241,11 @@ class QueueIndex:
             for fd in fds:
                 os.fsync(fd)
             if sync_dir:
-                _fsync_dir(self.directory)
+                try:
+                    _fsync_dir(self.directory)
+                except FileNotFoundError:
+                    if not self._closed:  # else delete() won a race with this executor thread
+                        raise
         finally:
             for fd in fds:
                 os.close(fd)
@@ -261,6 +265,7 @@ class QueueIndex:
             self._segments.clear()
             self._dirty.clear()
             self._unsynced.clear()
+            self._dir_unsynced = False
             shutil.rmtree(self.directory, ignore_errors=True)
             self._closed = True
 

@@ -385,11 +385,15 @@ def test_msg_refs_counts_unacked_store_references(tmp_path: Path) -> None:
 
 def test_delete_removes_the_directory(tmp_path: Path) -> None:
     d = tmp_path / "q"
-    qi = QueueIndex(d)
+    qi = QueueIndex(d, segment_entries=4)
     qi.recover()
     qi.publish(0, mid(0), None)
     qi.sync()
+    qi.publish(4, mid(4), None)  # a new segment file: the directory needs an fsync too
+    qi.flush()
     qi.delete()
+    assert not d.exists()
+    qi.sync()  # a queue's last batch may still sync after the delete: nothing to do
     assert not d.exists()
 
 
