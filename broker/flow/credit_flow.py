@@ -21,14 +21,14 @@ callable that enqueues the bump, and calls `handle_bump` itself when it takes it
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ["DEFAULT_CREDIT", "BumpSink", "CreditFlow", "CreditPeer"]
 
 # {InitialCredit, MoreCreditAfter} as in current RabbitMQ (credit_flow_default_credit).
 DEFAULT_CREDIT: tuple[int, int] = (400, 200)
 
-BumpSink = Callable[[object, int], None]
+BumpSink = Callable[[Any, int], None]
 """deliver_bump(sender_of_credit, amount): how a bump reaches an actor."""
 
 
@@ -85,6 +85,15 @@ class CreditFlow:
             self._block(to)
         else:
             self._credit_from[to] = c - 1
+
+    def send_many(self, to: CreditPeer, n: int) -> None:
+        """`send(to)` n times (a batch handed over in one call)."""
+        if n <= 0:
+            return
+        c = self._credit_from.get(to, self.initial_credit)
+        self._credit_from[to] = c - n
+        if c > 0 >= c - n:  # at c <= 0 we are blocked by `to` already
+            self._block(to)
 
     def handle_bump(self, sender_of_credit: CreditPeer, amount: int) -> None:
         """`sender_of_credit` granted us `amount` more messages."""

@@ -419,6 +419,7 @@ class VariableQueue:
     def _read_back_head(self) -> None:
         """q3's head -> q4's rear (q4 is empty) with its body read from disk."""
         st = self._q3.popleft()
+        data: bytes | None
         if st.in_store:
             data = self._store_for(st).read(st.msg_id)
         else:

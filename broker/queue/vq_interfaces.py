@@ -5,15 +5,29 @@ queue only sees these protocols, so it can be tested with small in-memory stand-
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Protocol
 
-__all__ = ["BodyStore", "Index", "IndexEntry"]
+__all__ = ["BodyStore", "Index", "IndexEntry", "IndexEntryLike"]
+
+
+class IndexEntryLike(Protocol):
+    """What `Index.read` must return per entry (store.queue_index.IndexEntry is one)."""
+
+    @property
+    def seq_id(self) -> int: ...
+    @property
+    def msg_id(self) -> int: ...
+    @property
+    def payload(self) -> bytes | None: ...
+    @property
+    def delivered(self) -> bool: ...
 
 
 class IndexEntry(NamedTuple):
-    """One un-acked index entry. `payload` is the encoded message when it is embedded in the
-    index (small messages), None when the body is in a message store."""
+    """An IndexEntryLike as a plain record (for in-memory indexes). `payload` is the encoded
+    message when it is embedded in the index (small messages), None when the body is in a
+    message store."""
 
     seq_id: int
     msg_id: int
@@ -34,7 +48,7 @@ class Index(Protocol):
     """A queue index: positions (seq_id -> msg_id), optionally with the message embedded."""
 
     def publish(self, seq_id: int, msg_id: int, payload: bytes | None) -> None: ...
-    def read(self, start_seq: int, end_seq: int) -> list[IndexEntry]:
+    def read(self, start_seq: int, end_seq: int) -> Sequence[IndexEntryLike]:
         """Un-acked entries with start_seq <= seq_id < end_seq (end exclusive), ascending."""
         ...
 

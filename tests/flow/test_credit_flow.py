@@ -85,6 +85,17 @@ def test_bump_that_leaves_credit_non_positive_keeps_blocked() -> None:
     assert a.credit_flow.credit_left(b) == 1
 
 
+def test_send_many_equals_repeated_send() -> None:
+    for n in range(0, 8):
+        one, many, b = Actor("one"), Actor("many"), Actor("b")
+        for _ in range(n):
+            one.credit_flow.send(b)
+        many.credit_flow.send_many(b, n)
+        assert one.credit_flow.credit_left(b) == many.credit_flow.credit_left(b)
+        assert one.credit_flow.blocked() == many.credit_flow.blocked() == (n >= 4)
+        assert one.events == many.events
+
+
 def test_ack_many_equals_repeated_ack() -> None:
     for n in range(0, 12):
         one, many = Actor("one"), Actor("many")
