@@ -7,6 +7,8 @@ import errno
 import os
 import resource
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -693,3 +695,47 @@ def test_remove_orphans_keeps_only_known_queues(tmp_path: Path) -> None:
     assert sorted(p.name for p in removed) == ["gone", "gone_clean"]
     assert sorted(p.name for p in root.iterdir()) == ["live"]
     assert msg_refs(root) == {mid(0): 1}
+
+
+CRASH_CHILD = """
+import sys
+from pathlib import Path
+from broker.store.queue_index import QueueIndex
+qi = QueueIndex(Path(sys.argv[1]), segment_entries=64)
+qi.recover()
+seq = 0
+while True:
+    for _ in range(10):
+        qi.publish(seq, seq * 7, bytes([seq % 256]) * (seq % 50) if seq % 3 else None)
+        seq += 1
+    qi.ack(range(seq - 10, seq, 4))
+    qi.flush()
+    print(seq, flush=True)
+"""
+
+
+def test_killed_writer_loses_nothing_it_flushed(tmp_path: Path) -> None:
+    d = tmp_path / "q"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CRASH_CHILD, str(d)], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    flushed = 0
+    while flushed < 2000:  # wait for its word, not for a clock
+        line = child.stdout.readline()
+        assert line, "the writer died on its own"
+        if line.strip().isdigit():  # other lines are its log
+            flushed = int(line)
+    child.kill()  # SIGKILL, mid-loop: whatever it was doing stops there
+    child.wait()
+    child.stdout.close()
+    got = QueueIndex(d, segment_entries=64).recover()
+    by_seq = {e.seq_id: e for e in got}
+    for seq in range(flushed):
+        if seq % 10 % 4 == 0:
+            assert seq not in by_seq
+            continue
+        e = by_seq[seq]
+        assert e.msg_id == seq * 7
+        assert e.payload == (bytes([seq % 256]) * (seq % 50) if seq % 3 else None)
+    assert [e.seq_id for e in got] == sorted(by_seq)
