@@ -8,6 +8,7 @@ removals of unknown entries."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -17,6 +18,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from broker.message import Message
 from broker.queue.variable_queue import VariableQueue
 from broker.queue.vq_interfaces import IndexEntry
+from broker.store.msg_store import MsgStore
+from broker.store.queue_index import QueueIndex
 
 PERSISTENT = b"\x10\x00\x02"  # flags with delivery_mode, delivery_mode = 2
 TRANSIENT = b"\x00\x00"
@@ -329,6 +332,35 @@ def test_no_target_no_paging_and_bad_arguments() -> None:
         vq.set_target_ram_count(-1)
     with pytest.raises(ValueError):
         make(segment_entries=0)
+
+
+# -- with the real message stores and queue index ----------------------------------------------
+
+
+async def test_pages_through_the_real_stores_and_index(tmp_path: Path) -> None:
+    persistent = MsgStore(tmp_path / "msgs", fsync="never")
+    transient = MsgStore(tmp_path / "transient", name="transient", transient=True)
+    await persistent.start()
+    await transient.start()
+    index = QueueIndex(tmp_path / "queue", embed_below=64, segment_entries=8)
+    try:
+        vq = VariableQueue(
+            persistent, index, transient_store=transient, segment_entries=8, io_batch_size=4
+        )
+        vq.set_target_ram_count(3)
+        sent = [msg(n, persistent=n % 3 != 0, size=10 if n % 2 else 200) for n in range(60)]
+        ids = [vq.publish(m) for m in sent]
+        assert vq.ram_msg_count <= 3 and vq.stats().delta > 0
+        got = [vq.fetch() for _ in range(60)]
+        assert [e[1].body for e in got if e] == [m.body for m in sent]
+        assert vq.fetch() is None
+        vq.ack(ids)
+        assert not any(persistent.contains(m.msg_id) or transient.contains(m.msg_id) for m in sent)
+        assert index.read(0, 60) == []
+    finally:
+        index.close()
+        await persistent.stop()
+        await transient.stop()
 
 
 # -- the property ------------------------------------------------------------------------------
