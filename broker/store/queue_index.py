@@ -9,9 +9,9 @@ segment with one write call. A segment whose entries are all acked is deleted.
 
 Recovery replays every segment: a torn last record is cut off, a damaged record in the middle is
 skipped, an unreadable file is moved to ``quarantine/``; each is logged and counted in
-`QueueIndex.stats`. `close()` leaves a clean marker, so the next start knows the index is whole
-(and the message store may trust its own reference counts); `msg_refs()` rebuilds those counts
-from all queue indexes after a dirty stop.
+`QueueIndex.stats` (the file-level work is in queue_index_files.py). `close()` leaves a clean
+marker, so the next start knows the index is whole (and the message store may trust its own
+reference counts); `msg_refs()` rebuilds those counts from all queue indexes after a dirty stop.
 
 Thread safety: `sync()` is meant to run in an executor thread while the event loop keeps calling
 `publish`/`deliver`/`ack`, so every public method holds one lock; the fsyncs run outside it."""
@@ -22,44 +22,41 @@ import contextlib
 import os
 import pathlib
 import shutil
-import struct
 import threading
-import time
-import zlib
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import structlog
 
+from broker.store.queue_index_files import (
+    RecoveryStats,
+    append,
+    existing_segment_entries,
+    fsync_dir,
+    msg_refs,
+    recover_file,
+    remove_orphans,
+    segment_files,
+    take_clean_marker,
+    write_clean_marker,
+)
 from broker.store.queue_index_format import (
-    FILE_HEADER_SIZE,
     PUB_RECORD_SIZE,
     REC_ACK,
     REC_DELIVER,
-    SEGMENT_MAGIC,
-    SEGMENT_SUFFIX,
-    BadHeader,
-    SegmentScan,
     encode_header,
     encode_offsets,
     encode_pub,
-    parse_header,
     pub_at,
     record_size,
-    scan_segment,
     segment_file_name,
-    segment_file_number,
 )
 
 __all__ = ["IndexEntry", "QueueIndex", "RecoveryStats", "msg_refs", "remove_orphans"]
 
 log = structlog.get_logger(__name__)
 
-CLEAN_MARKER = "clean.dot"  # RabbitMQ's name for the same thing
-QUARANTINE_DIR = "quarantine"
-_CLEAN = struct.Struct(">4sQI")  # magic, next seq_id, crc32 of the two
-_CLEAN_MAGIC = b"HQIC"
 _MAX_OPEN_FILES = 8  # segment descriptors kept open between flushes
 _MAX_JOURNAL_BYTES = 4 << 20  # embedded payload bytes buffered before a forced flush
 _BULK_READ = 32  # more entries than this from one segment: read the file once
@@ -76,15 +73,6 @@ class IndexEntry:
     msg_id: int
     payload: bytes | None  # embedded Message.encode() bytes; None: the body is in the msg_store
     delivered: bool
-
-
-@dataclass(slots=True)
-class RecoveryStats:
-    """What recovery had to repair; counted so management and tests can see it."""
-
-    torn_records: int = 0  # segments whose torn tail was cut off
-    corrupt_records: int = 0  # damaged records skipped in the middle of a segment
-    quarantined_segments: int = 0  # files moved (or copied) into quarantine/
 
 
 class _Segment:
@@ -135,7 +123,7 @@ class QueueIndex:
         self._closed = False
         self._recovered = False
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.segment_entries = _existing_segment_entries(self.directory) or segment_entries
+        self.segment_entries = existing_segment_entries(self.directory) or segment_entries
         if self.segment_entries != segment_entries:
             log.info(
                 "queue_index.segment_entries_from_disk",
@@ -144,7 +132,7 @@ class QueueIndex:
                 on_disk=self.segment_entries,
             )
         # Consume the clean marker now: a crash from here on must look dirty to the next start.
-        self.clean_shutdown, self._next_seq = _take_clean_marker(self.directory)
+        self.clean_shutdown, self._next_seq = take_clean_marker(self.directory)
 
     # -- writes -------------------------------------------------------------------------------
     def should_embed(self, size: int) -> bool:
@@ -242,7 +230,7 @@ class QueueIndex:
                 os.fsync(fd)
             if sync_dir:
                 try:
-                    _fsync_dir(self.directory)
+                    fsync_dir(self.directory)
                 except FileNotFoundError:
                     if not self._closed:  # else delete() won a race with this executor thread
                         raise
@@ -256,7 +244,7 @@ class QueueIndex:
         self.sync()
         with self._lock:
             self._close_fds()
-            _write_clean_marker(self.directory, self._next_seq)
+            write_clean_marker(self.directory, self._next_seq)
             self._closed = True
 
     def delete(self) -> None:
@@ -282,7 +270,7 @@ class QueueIndex:
         """publish() before recover(): a new queue, unless its directory holds segments (say a
         queue of the same name was deleted during a crash). Their entries are loaded, never
         appended to blindly nor dropped; the owner should have recovered or removed them."""
-        if _segment_files(self.directory):
+        if segment_files(self.directory):
             log.warning("queue_index.recover_implied", directory=str(self.directory))
             self._recover_locked()
         self._recovered = True
@@ -292,8 +280,8 @@ class QueueIndex:
         for stray in self.directory.glob("*.tmp"):
             stray.unlink(missing_ok=True)
         out: list[IndexEntry] = []
-        for number, path in _segment_files(self.directory):
-            scan = self._recover_file(number, path)
+        for number, path in segment_files(self.directory):
+            scan = recover_file(path, number, self.segment_entries, self.stats)
             if scan is None:
                 continue
             self._next_seq = max(self._next_seq, scan.max_seq + 1)
@@ -399,7 +387,7 @@ class QueueIndex:
             if buf:
                 if seg.fd < 0:
                     seg.fd = self._open_segment(number)
-                start = _append(seg.fd, buf)  # on failure the journal stays for a retry
+                start = append(seg.fd, buf)  # on failure the journal stays for a retry
                 for rel in seg.pubs:
                     positions[rel] += start
                 self._unsynced.add(number)
@@ -414,7 +402,7 @@ class QueueIndex:
         if os.fstat(fd).st_size == 0:
             self._dir_unsynced = True
             try:
-                _append(fd, encode_header(number, self.segment_entries))
+                append(fd, encode_header(number, self.segment_entries))
             except OSError:
                 os.close(fd)
                 raise
@@ -485,206 +473,3 @@ class QueueIndex:
             )
             return
         out[rel] = (got[1], got[2])
-
-    def _recover_file(self, number: int, path: pathlib.Path) -> SegmentScan | None:
-        """Scan one segment file and repair it on disk; None when nothing of it is usable."""
-        try:
-            data = path.read_bytes()
-        except OSError as e:  # EIO and the like: keep the queue, lose this segment
-            log.error("queue_index.segment_unreadable", path=str(path), error=str(e))
-            with contextlib.suppress(OSError):
-                self._quarantine(path, keep=False)
-            return None
-        if len(data) < FILE_HEADER_SIZE and SEGMENT_MAGIC.startswith(data[:4]):
-            # Torn while being created: the header itself never made it to disk.
-            log.warning("queue_index.torn_header_dropped", path=str(path), size=len(data))
-            self.stats.torn_records += 1
-            path.unlink()
-            return None
-        try:
-            scan = scan_segment(data)
-            if scan.number != number or scan.segment_entries != self.segment_entries:
-                raise BadHeader(
-                    f"header says segment {scan.number} of {scan.segment_entries} entries"
-                )
-        except BadHeader as e:
-            log.error("queue_index.segment_unreadable", path=str(path), error=str(e))
-            self._quarantine(path, keep=False)
-            return None
-        if scan.corrupt:
-            self.stats.corrupt_records += len(scan.corrupt)
-            self.stats.torn_records += bool(scan.torn_bytes)
-            log.error(
-                "queue_index.corrupt_records_skipped",
-                path=str(path),
-                records=scan.corrupt,
-                torn_bytes=scan.torn_bytes,
-            )
-            self._rewrite(path, scan)  # the damage must not sit before future appends
-            rewritten = scan_segment(path.read_bytes())
-            scan.positions = rewritten.positions
-        elif scan.torn_bytes:
-            self.stats.torn_records += 1
-            log.warning(
-                "queue_index.torn_record_dropped",
-                path=str(path),
-                offset=scan.good_end,
-                bytes=scan.torn_bytes,
-            )
-            os.truncate(path, scan.good_end)
-        return scan
-
-    def _rewrite(self, path: pathlib.Path, scan: SegmentScan) -> None:
-        """Replace a damaged segment by one holding only its good live entries; the original
-        goes to quarantine first, so each step leaves a readable file in place."""
-        buf = bytearray(encode_header(scan.number, scan.segment_entries))
-        base = scan.number * scan.segment_entries
-        for rel in sorted(scan.entries):
-            msg_id, payload = scan.entries[rel]
-            encode_pub(buf, base + rel, msg_id, payload, rel in scan.delivered)
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            _write_all(fd, buf)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        self._quarantine(path, keep=True)
-        os.replace(tmp, path)
-        _fsync_dir(self.directory)
-
-    def _quarantine(self, path: pathlib.Path, *, keep: bool) -> None:
-        qdir = self.directory / QUARANTINE_DIR
-        qdir.mkdir(exist_ok=True)
-        dest = qdir / f"{path.name}.{time.time_ns()}"
-        if keep:
-            try:
-                os.link(path, dest)
-            except OSError:
-                shutil.copy2(path, dest)
-        else:
-            os.replace(path, dest)
-        _fsync_dir(qdir)
-        _fsync_dir(self.directory)
-        self.stats.quarantined_segments += 1
-        log.error("queue_index.segment_quarantined", path=str(path), moved_to=str(dest))
-
-
-def msg_refs(root: pathlib.Path) -> dict[int, int]:
-    """How many un-acked, non-embedded index entries reference each msg_id, over every queue
-    index directory under `root` (read only; damaged records are skipped as recovery would).
-    The message store rebuilds its reference counts from this after a dirty stop."""
-    counts: dict[int, int] = {}
-    for path in sorted(pathlib.Path(root).rglob("*" + SEGMENT_SUFFIX)):
-        if QUARANTINE_DIR in path.relative_to(root).parts:
-            continue
-        try:
-            scan = scan_segment(path.read_bytes())
-        except (BadHeader, OSError):
-            continue
-        for msg_id, payload in scan.entries.values():
-            if payload is None:
-                counts[msg_id] = counts.get(msg_id, 0) + 1
-    return counts
-
-
-def remove_orphans(root: pathlib.Path, keep: Iterable[pathlib.Path]) -> list[pathlib.Path]:
-    """Delete the queue index directories under `root` that are not in `keep` (the directories
-    of the durable queues the definitions database knows), as RabbitMQ does at boot with its
-    durable queue names. A queue deleted during a crash leaves such a directory; run this before
-    `msg_refs`, so its entries neither keep bodies alive nor come back under a new queue of the
-    same name. Returns what was removed."""
-    root = pathlib.Path(root)
-    kept = {pathlib.Path(p).resolve() for p in keep}
-    found: set[pathlib.Path] = set()
-    for pattern in ("*" + SEGMENT_SUFFIX, CLEAN_MARKER):
-        for path in root.rglob(pattern):
-            if QUARANTINE_DIR not in path.relative_to(root).parts:
-                found.add(path.parent)
-    removed = []
-    for d in sorted(found):
-        if d.resolve() not in kept:
-            shutil.rmtree(d, ignore_errors=True)
-            log.warning("queue_index.orphan_removed", directory=str(d))
-            removed.append(d)
-    return removed
-
-
-# -- file helpers -------------------------------------------------------------------------------
-def _segment_files(directory: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
-    found = []
-    for path in directory.iterdir():
-        number = segment_file_number(path.name)
-        if number is not None and path.is_file():
-            found.append((number, path))
-    found.sort()
-    return found
-
-
-def _existing_segment_entries(directory: pathlib.Path) -> int | None:
-    """segment_entries of the first readable segment on disk: seq ids must keep their files."""
-    for _, path in _segment_files(directory):
-        try:
-            with path.open("rb") as f:
-                return parse_header(f.read(FILE_HEADER_SIZE))[1]
-        except (BadHeader, OSError):
-            continue  # recover() quarantines it
-    return None
-
-
-def _take_clean_marker(directory: pathlib.Path) -> tuple[bool, int]:
-    """(was the last stop clean, next seq_id it recorded); removes the marker durably."""
-    path = directory / CLEAN_MARKER
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return False, 0
-    path.unlink()
-    _fsync_dir(directory)
-    if len(data) != _CLEAN.size:
-        return False, 0
-    magic, next_seq, crc = _CLEAN.unpack(data)
-    if magic != _CLEAN_MAGIC or zlib.crc32(data[:-4]) != crc:
-        return False, 0
-    return True, next_seq
-
-
-def _write_clean_marker(directory: pathlib.Path, next_seq: int) -> None:
-    head = _CLEAN.pack(_CLEAN_MAGIC, next_seq, 0)[:-4]
-    data = head + struct.pack(">I", zlib.crc32(head))
-    tmp = directory / (CLEAN_MARKER + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        _write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, directory / CLEAN_MARKER)
-    _fsync_dir(directory)
-
-
-def _append(fd: int, data: bytes | bytearray) -> int:
-    """Append all of `data` and return where it starts or, on failure (ENOSPC, EFBIG, EIO),
-    cut the file back to where it was, so no partial record sits before the next append."""
-    size = os.lseek(fd, 0, os.SEEK_END)
-    try:
-        _write_all(fd, data)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, size)
-        raise
-    return size
-
-
-def _write_all(fd: int, data: bytes | bytearray) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _fsync_dir(directory: pathlib.Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
