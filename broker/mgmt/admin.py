@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 HASHING_ALGORITHM = "rabbit_password_hashing_sha256"
+_NOTHING = "(?!)"
 
 
 def _db(node: Node) -> Definitions | None:
@@ -197,7 +198,9 @@ async def whoami(request: web.Request) -> web.Response:
 
 # -- permissions --------------------------------------------------------------------------------
 def permission_json(node: Node, user: str, vhost: str) -> dict[str, Any]:
-    configure, write, read = node.auth.perms[(user, vhost)].patterns()
+    # Auth compiles "" (match nothing) to "(?!)"; the API speaks RabbitMQ's ""
+    configure, write, read = ("" if p == _NOTHING else p
+                              for p in node.auth.perms[(user, vhost)].patterns())
     return {"user": user, "vhost": vhost, "configure": configure, "write": write, "read": read}
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import time
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -406,10 +407,10 @@ async def binding_post(request: web.Request) -> web.Response:
 
 async def binding_delete(request: web.Request) -> web.Response:
     vhost, source, kind, dest = _binding_ends(request)
-    props = request.match_info["props"]
+    props = request.match_info["props"]  # aiohttp has decoded it already
     for b in bindings_of(vhost, implicit=False):
         if (b["source"] == source.name and b["destination"] == dest
-                and b["destination_type"] == kind and b["properties_key"] == props):
+                and b["destination_type"] == kind and unquote(b["properties_key"]) == props):
             if kind == "queue":
                 vhost.unbind_queue(vhost.queues[dest], source.name, b["routing_key"],
                                    b["arguments"])
@@ -424,7 +425,7 @@ async def binding_one(request: web.Request) -> web.Response:
     props = request.match_info["props"]
     for b in bindings_of(vhost):
         if (b["source"] == source.name and b["destination"] == dest
-                and b["destination_type"] == kind and b["properties_key"] == props):
+                and b["destination_type"] == kind and unquote(b["properties_key"]) == props):
             return json_response(b)
     raise ApiError(404, "Not Found")
 

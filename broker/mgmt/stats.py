@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +75,7 @@ class Stats:
         self.retired_ch: dict[str, int] = dict.fromkeys(CHANNEL_COUNTERS, 0)
         self._last_q: dict[AMQQueue, dict[str, int]] = {}
         self._last_ch: dict[Channel, dict[str, int]] = {}
+        self._closed_ch: weakref.WeakSet[Channel] = weakref.WeakSet()  # retired by the hook
         self.queue_rates: dict[AMQQueue, dict[str, float]] = {}
         self.node_rates: dict[str, float] = {}
         self._last_totals: dict[str, int] | None = None
@@ -92,10 +94,14 @@ class Stats:
     def channel_totals(self) -> dict[str, int]:
         """publish/confirm/return_unroutable on channels, closed ones included."""
         out = dict(self.retired_ch)
-        for ch in channels(self.node):
+        for ch in self._live_channels():
             for key, n in _counts(ch, CHANNEL_COUNTERS).items():
                 out[key] += n
         return out
+
+    def _live_channels(self) -> Iterator[Channel]:
+        closed = self._closed_ch
+        return (ch for ch in channels(self.node) if ch not in closed)
 
     def depth_totals(self) -> dict[str, int]:
         out = {"messages": 0, "messages_ready": 0, "messages_unacknowledged": 0}
@@ -120,6 +126,15 @@ class Stats:
             **self.depth_totals(),
         }
 
+    def channel_closed(self, ch: Channel) -> None:
+        """Fold a closing channel's final counts into the totals at once (for a hook in the
+        channel's termination; without it they are folded at the next sample, and what a
+        channel did after the previous sample is lost)."""
+        for key, n in _counts(ch, CHANNEL_COUNTERS).items():
+            self.retired_ch[key] += n
+        self._last_ch.pop(ch, None)
+        self._closed_ch.add(ch)
+
     # -- rates --------------------------------------------------------------------------------
     def sample(self) -> None:
         now = self.clock()
@@ -138,7 +153,7 @@ class Stats:
                     self.retired_q[key] += last[key]
         self._last_q = live_q
         self.queue_rates = rates
-        live_ch = {ch: _counts(ch, CHANNEL_COUNTERS) for ch in channels(self.node)}
+        live_ch = {ch: _counts(ch, CHANNEL_COUNTERS) for ch in self._live_channels()}
         for ch, last in self._last_ch.items():
             if ch not in live_ch:
                 for key, n in last.items():

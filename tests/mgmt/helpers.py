@@ -1,0 +1,129 @@
+"""A broker subprocess with the management listener on, and a small HTTP client for its API
+(urllib: the same library hare-ctl uses)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A port nobody listens on right now (bind to 0, read it, close)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class MgmtBroker:
+    """hare-server with `--management-port` set; `start()` waits for both listening lines."""
+
+    def __init__(self, data_dir: Path, args: list[str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.args = list(args or [])
+        self.proc: subprocess.Popen[str] | None = None
+        self.port = 0
+        self.mgmt_port = 0
+        self.log_path = data_dir.parent / f"{data_dir.name}.log"
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.mgmt_port}"
+
+    def start(self, timeout: float = 20.0) -> MgmtBroker:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("HARE_CONFIG", None)
+        want = free_port()
+        self.port = self.mgmt_port = 0
+        cmd = [sys.executable, "-m", "broker", "--port", "0", "--data-dir", str(self.data_dir),
+               "--log-format", "json", "--management-host", "127.0.0.1",
+               "--management-port", str(want), *self.args]
+        log = open(self.log_path, "a")  # noqa: SIM115 - owned by the process
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+                                     env=env, cwd=ROOT)
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not (self.port and self.mgmt_port):
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("hare-server listening on port"):
+                self.port = int(line.rsplit(" ", 1)[1])
+            elif line.startswith("hare-management listening on port"):
+                self.mgmt_port = int(line.rsplit(" ", 1)[1])
+        if not (self.port and self.mgmt_port):
+            self.proc.kill()
+            raise RuntimeError(f"broker did not start; log:\n{self.log_path.read_text()[-4000:]}")
+        assert self.mgmt_port == want
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+    def api(self, method: str, path: str, body: Any = None, *, user: str = "guest",
+            password: str = "guest", headers: dict[str, str] | None = None
+            ) -> tuple[int, Any]:
+        """(status, decoded JSON or None) of one request; HTTP errors are returned, not raised."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.http + path, data=data, method=method)
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        req.add_header("Authorization", f"Basic {token}")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        for k, v in (headers or {}).items():
+            req.add_header(k, v)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                status, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            status, raw = exc.code, exc.read()
+        return status, (json.loads(raw) if raw.strip() else None)
+
+    def get(self, path: str, **kw: Any) -> Any:
+        status, body = self.api("GET", path, **kw)
+        assert status == 200, (path, status, body)
+        return body
+
+    async def until(self, path: str, check: Any, timeout: float = 5.0) -> Any:
+        """Poll GET path until check(body) is true (counts settle a loop turn after AMQP).
+        Async, so the test's AMQP clients keep running while it waits."""
+        deadline = time.monotonic() + timeout
+        body = await asyncio.to_thread(self.get, path)
+        while not check(body):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{path}: condition not met; last answer {body!r}")
+            await asyncio.sleep(0.05)
+            body = await asyncio.to_thread(self.get, path)
+        return body
+
+    def raw(self, path: str) -> tuple[int, str, str]:
+        """(status, content type, text) without credentials."""
+        try:
+            with urllib.request.urlopen(self.http + path, timeout=10) as resp:
+                return resp.status, resp.headers.get("Content-Type", ""), resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.headers.get("Content-Type", ""), exc.read().decode()
