@@ -38,6 +38,7 @@ from typing import Any
 __all__ = [
     "BindingDef",
     "Definitions",
+    "DefinitionsCorrupt",
     "ExchangeDef",
     "PermissionDef",
     "QueueDef",
@@ -96,6 +97,10 @@ class PermissionDef:
     configure: str
     write: str
     read: str
+
+
+class DefinitionsCorrupt(RuntimeError):
+    """The database cannot be trusted (not SQLite, damaged pages, a newer schema)."""
 
 
 # -- passwords (rabbit_password_hashing_*) ------------------------------------------------------
@@ -227,12 +232,22 @@ class Definitions:
         # Autocommit mode: transactions are explicit (see _tx), one per put/delete.
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._lock = threading.Lock()  # the connection may be shared with an executor thread
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            # A damaged database must stop the boot, not come up with no users or queues.
+            check = self._db.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise DefinitionsCorrupt(f"{self.path}: {check}")
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise DefinitionsCorrupt(f"{self.path}: schema {version} is newer than this broker")
+        except sqlite3.DatabaseError as e:
             self._db.close()
-            raise RuntimeError(f"{self.path}: schema version {version} is newer than this broker")
+            raise DefinitionsCorrupt(f"{self.path}: {e}") from e
+        except BaseException:
+            self._db.close()
+            raise
         with self._tx() as db:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from broker.store.definitions import (
     BindingDef,
     Definitions,
+    DefinitionsCorrupt,
     ExchangeDef,
     PermissionDef,
     QueueDef,
@@ -348,3 +349,35 @@ def test_arguments_survive_the_database(db: Definitions) -> None:
 def test_unknown_argument_types_are_refused() -> None:
     with pytest.raises(TypeError):
         encode_table({"k": object()})
+
+
+def test_a_file_that_is_not_a_database_stops_the_open(tmp_path: Path) -> None:
+    path = tmp_path / "definitions.db"
+    path.write_bytes(b"not sqlite at all" * 100)
+    with pytest.raises(DefinitionsCorrupt):
+        Definitions(path)
+
+
+def test_damaged_pages_stop_the_open(tmp_path: Path) -> None:
+    path = tmp_path / "definitions.db"
+    db = Definitions(path)
+    for i in range(300):
+        db.put_queue(QueueDef("/", f"queue-{i:04d}", arguments={"x-pad": "p" * 200}))
+    db.close()  # the last connection closing checkpoints the WAL into the main file
+    data = bytearray(path.read_bytes())
+    page = 4096
+    assert len(data) > 8 * page
+    data[5 * page : 6 * page] = b"\xa5" * page  # a page of a table b-tree overwritten
+    path.write_bytes(data)
+    with pytest.raises(DefinitionsCorrupt):
+        Definitions(path)
+
+
+def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "definitions.db"
+    Definitions(path).close()
+    raw = sqlite3.connect(path)
+    raw.execute("PRAGMA user_version = 99")
+    raw.close()
+    with pytest.raises(DefinitionsCorrupt, match="newer"):
+        Definitions(path)
