@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.store.definitions import (
@@ -381,3 +381,24 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     raw.close()
     with pytest.raises(DefinitionsCorrupt, match="newer"):
         Definitions(path)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(tables, tables)
+def test_any_arguments_survive_the_database(
+    tmp_path_factory: pytest.TempPathFactory, qargs: dict[str, Any], bargs: dict[str, Any]
+) -> None:
+    path = tmp_path_factory.mktemp("defs") / "d.db"
+    db = Definitions(path)
+    db.put_exchange(ExchangeDef("/", "x", "headers", arguments=qargs))
+    db.put_queue(QueueDef("/", "q", arguments=qargs))
+    db.put_binding(BindingDef("/", "x", "q", "queue", "", bargs))
+    db = reopen(db)
+    assert same(db.exchanges()[0].arguments, qargs)
+    assert same(db.queues()[0].arguments, qargs)
+    assert same(db.bindings()[0].arguments, bargs)
+    db.delete_binding(BindingDef("/", "x", "q", "queue", "", dict(reversed(bargs.items()))))
+    assert db.bindings() == []
+    db.close()
