@@ -193,7 +193,11 @@ class Channel:
     def _method(self, payload: bytes) -> None:
         if payload[:4] == _ACK_PREFIX:
             tag, multiple = frames.decode_ack(payload)
-            self._on_ack(tag, multiple)
+            try:
+                self._on_ack(tag, multiple)
+            except AMQPError as exc:
+                exc.method = frames.ACK_ID
+                raise
             return
         if self._batch:
             # publishes before this method must reach their queues first (basic.get, purge,
