@@ -123,7 +123,7 @@ class QueueIndex:
         self._closed = False
         self._recovered = False
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.segment_entries = existing_segment_entries(self.directory) or segment_entries
+        self.segment_entries = existing_segment_entries(self.directory, segment_entries)
         if self.segment_entries != segment_entries:
             log.info(
                 "queue_index.segment_entries_from_disk",

@@ -20,6 +20,7 @@ import shutil
 import struct
 import time
 import zlib
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -211,15 +212,20 @@ def segment_files(directory: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
     return found
 
 
-def existing_segment_entries(directory: pathlib.Path) -> int | None:
-    """segment_entries of the first readable segment on disk: seq ids must keep their files."""
+def existing_segment_entries(directory: pathlib.Path, configured: int) -> int:
+    """The segment size the files on disk were written with (seq ids must keep their files):
+    `configured` if any readable header agrees with it, else the size most headers agree on,
+    so one damaged header cannot re-map every other segment."""
+    seen: Counter[int] = Counter()
     for _, path in segment_files(directory):
         try:
             with path.open("rb") as f:
-                return parse_header(f.read(FILE_HEADER_SIZE))[1]
+                seen[parse_header(f.read(FILE_HEADER_SIZE))[1]] += 1
         except (BadHeader, OSError):
-            continue  # recover() quarantines it
-    return None
+            continue  # recovery quarantines it
+    if not seen or configured in seen:
+        return configured
+    return seen.most_common(1)[0][0]
 
 
 def take_clean_marker(directory: pathlib.Path) -> tuple[bool, int]:

@@ -739,3 +739,80 @@ def test_killed_writer_loses_nothing_it_flushed(tmp_path: Path) -> None:
         assert e.msg_id == seq * 7
         assert e.payload == (bytes([seq % 256]) * (seq % 50) if seq % 3 else None)
     assert [e.seq_id for e in got] == sorted(by_seq)
+
+
+def expected_payload(seq: int) -> bytes | None:
+    return bytes([seq % 251]) * (seq % 40) if seq % 3 else None
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    count=st.integers(1, 60),
+    acked=st.sets(st.integers(0, 59)),
+    damage=st.one_of(
+        st.tuples(st.just("cut"), st.integers(0, 10_000)),
+        st.tuples(st.just("flip"), st.integers(0, 10_000)),
+        st.tuples(st.just("flip"), st.integers(0, FILE_HEADER_SIZE * 8 - 1)),  # the header
+    ),
+    which=st.integers(0, 100),
+)
+def test_damage_anywhere_never_yields_a_wrong_entry(
+    tmp_path_factory: pytest.TempPathFactory,
+    count: int,
+    acked: set[int],
+    damage: tuple[str, int],
+    which: int,
+) -> None:
+    d = tmp_path_factory.mktemp("qi") / "q"
+    qi = QueueIndex(d, segment_entries=16)
+    qi.recover()
+    for seq in range(count):
+        qi.publish(seq, mid(seq), expected_payload(seq))
+        if seq % 7 == 0:
+            qi.flush()
+    qi.deliver(range(0, count, 2))
+    qi.ack(acked)
+    qi.close()
+    files = sorted(d.glob("*.hqi"))
+    damaged = -1
+    if files:
+        path = files[which % len(files)]
+        damaged = int(path.name.split(".")[0])
+        data = bytearray(path.read_bytes())
+        kind, at = damage
+        if kind == "cut":
+            data = data[: at % (len(data) + 1)]
+        else:
+            data[at // 8 % len(data)] ^= 1 << (at % 8)
+        path.write_bytes(data)
+    again = QueueIndex(d, segment_entries=16)
+    got = again.recover()  # never raises
+    for e in got:  # whatever comes back is exactly what was published under that seq_id
+        assert 0 <= e.seq_id < count
+        assert e.msg_id == mid(e.seq_id)
+        assert e.payload == expected_payload(e.seq_id)
+    assert [e.seq_id for e in got] == sorted({e.seq_id for e in got})
+    live = {s for s in range(count) if s not in acked}
+    untouched = {s for s in live if s // 16 != damaged}
+    assert untouched <= {e.seq_id for e in got}  # damage stays inside its segment
+    again.close()  # and the repaired files read back the same
+    assert QueueIndex(d, segment_entries=16).recover() == got
+
+
+def test_a_damaged_header_cannot_change_the_segment_size_of_the_others(tmp_path: Path) -> None:
+    d = tmp_path / "q"
+    qi = QueueIndex(d, segment_entries=16)
+    qi.recover()
+    for seq in range(48):
+        qi.publish(seq, mid(seq), None)
+    qi.close()
+    first = d / segment_file_name(0)
+    data = bytearray(first.read_bytes())
+    data[11] ^= 0x01  # segment_entries 16 -> 17 in the first file's header
+    first.write_bytes(data)
+    again = QueueIndex(d, segment_entries=16)
+    assert again.segment_entries == 16
+    assert [e.seq_id for e in again.recover()] == list(range(16, 48))
+    assert again.stats.quarantined_segments == 1
