@@ -1,0 +1,199 @@
+"""hare-ctl (python -m broker.ctl) against a real broker: tables, --json, admin verbs seen by
+AMQP clients, one-line errors with rabbitmqctl's exit codes, and `verify` on a stopped store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import aio_pika
+import aiormq
+import pytest
+from aio_pika import DeliveryMode, Message
+from mgmt.helpers import MgmtBroker, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def mb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MgmtBroker]:
+    b = MgmtBroker(tmp_path_factory.mktemp("ctl") / "data").start()
+    yield b
+    b.stop()
+
+
+def run_ctl(*args: str, url: str | None = None, stdin: str | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ}
+    if url is not None:
+        env["HARE_MANAGEMENT_URL"] = url
+    return subprocess.run([sys.executable, "-m", "broker.ctl", *args], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=30, input=stdin)
+
+
+async def ctl(mb: MgmtBroker, *args: str, stdin: str | None = None
+              ) -> subprocess.CompletedProcess[str]:
+    """Run hare-ctl without blocking the test's AMQP clients."""
+    return await asyncio.to_thread(run_ctl, *args, url=mb.http, stdin=stdin)
+
+
+async def test_list_verbs_tables_and_json(mb: MgmtBroker) -> None:
+    conn = await aio_pika.connect(mb.url, client_properties={"connection_name": "ctl-lists"})
+    ch = await conn.channel()
+    q = await ch.declare_queue("ctl.q")
+    ex = await ch.declare_exchange("ctl.x", aio_pika.ExchangeType.FANOUT)
+    await q.bind(ex, routing_key="rk")
+    for _ in range(3):
+        await ex.publish(Message(b"m"), routing_key="")
+    await mb.until("/api/queues/%2F/ctl.q", lambda d: d["messages"] == 3)
+    async def hold(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        """Keep the delivery unacknowledged."""
+
+    tag = await q.consume(hold, no_ack=False)
+    await mb.until("/api/queues/%2F/ctl.q", lambda d: d["messages_unacknowledged"] == 3)
+
+    done = await ctl(mb, "list_queues")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ["name", "messages"]
+    assert ["ctl.q", "3"] in [line.split() for line in lines]
+    assert lines[0].index("messages") == lines[1 + [x.split()[0] for x in lines[1:]].index(
+        "ctl.q")].index("3") - len("messages") + 1  # numbers right-aligned under the header
+
+    done = await ctl(mb, "--json", "list_queues", "name", "messages_ready", "consumers")
+    rows = json.loads(done.stdout)
+    assert {"name": "ctl.q", "messages_ready": 0, "consumers": 1} in rows
+
+    done = await ctl(mb, "list_exchanges", "--json")  # options after the verb work too
+    assert {"name": "ctl.x", "type": "fanout"} in json.loads(done.stdout)
+    assert {"name": "amq.topic", "type": "topic"} in json.loads(done.stdout)
+
+    bindings = json.loads((await ctl(mb, "--json", "list_bindings")).stdout)
+    assert {"source_name": "ctl.x", "source_kind": "exchange", "destination_name": "ctl.q",
+            "destination_kind": "queue", "routing_key": "rk", "arguments": {}} in bindings
+
+    conns = json.loads((await ctl(mb, "--json", "list_connections")).stdout)
+    assert {"user": "guest", "peer_host": "127.0.0.1", "state": "running"}.items() <= conns[
+        0].items()
+    consumers = json.loads((await ctl(mb, "--json", "list_consumers")).stdout)
+    [mine] = [c for c in consumers if c["queue_name"] == "ctl.q"]
+    assert (mine["consumer_tag"], mine["ack_required"], mine["active"]) == (tag, True, True)
+
+    done = await ctl(mb, "list_queues", "nonsense")
+    assert done.returncode == 64 and "unknown column(s) for list_queues: nonsense" in (
+        done.stderr)
+
+    status = await ctl(mb, "status")
+    assert status.returncode == 0
+    assert status.stdout.startswith("Status of node hare@")
+    listeners = next(line for line in status.stdout.splitlines()
+                     if line.startswith("listeners"))
+    assert f"amqp ::{mb.port}" in listeners.replace(":::", "::")
+    assert f"http 127.0.0.1:{mb.mgmt_port}" in listeners
+    data = json.loads((await ctl(mb, "status", "--json")).stdout)
+    assert data["queues"] >= 1 and data["connections"] >= 1 and data["alarms"] == []
+    await conn.close()
+
+
+async def test_admin_verbs_are_seen_by_amqp(mb: MgmtBroker, tmp_path: Path) -> None:
+    assert (await ctl(mb, "add_vhost", "ctl-vh")).returncode == 0
+    done = await ctl(mb, "add_user", "dave", "pw", "--tags", "monitoring")
+    assert done.returncode == 0 and done.stdout.strip() == 'Adding user "dave" ...'
+    assert (await ctl(mb, "set_permissions", "-p", "ctl-vh", "dave", ".*", ".*", ".*")
+            ).returncode == 0
+    conn = await aiormq.connect(f"amqp://dave:pw@127.0.0.1:{mb.port}/ctl-vh")
+    ch = await conn.channel()
+    await ch.queue_declare("work")
+    for _ in range(2):
+        await ch.basic_publish(b"x", routing_key="work")
+    await mb.until("/api/queues/ctl-vh/work", lambda d: d["messages"] == 2)
+    users = json.loads((await ctl(mb, "--json", "list_users")).stdout)
+    assert {"name": "dave", "tags": ["monitoring"]} in users
+
+    assert (await ctl(mb, "purge_queue", "-p", "ctl-vh", "work")).returncode == 0
+    assert (await ch.queue_declare("work", passive=True)).message_count == 0
+
+    # export, delete, import: the queue comes back
+    await ch.queue_declare("kept", durable=True)
+    out = tmp_path / "defs.json"
+    assert (await ctl(mb, "export_definitions", str(out))).returncode == 0
+    assert {"name": "kept", "vhost": "ctl-vh"}.items() <= next(
+        q for q in json.loads(out.read_text())["queues"] if q["name"] == "kept").items()
+    assert (await ctl(mb, "delete_queue", "-p", "ctl-vh", "kept")).returncode == 0
+    assert mb.api("GET", "/api/queues/ctl-vh/kept")[0] == 404
+    assert (await ctl(mb, "import_definitions", str(out))).returncode == 0
+    assert mb.get("/api/queues/ctl-vh/kept")["durable"] is True
+
+    # close_connection: the client sees 320 with our reason
+    [info] = [c for c in mb.get("/api/connections") if c["user"] == "dave"]
+    done = await ctl(mb, "close_connection", info["name"], "go away")
+    assert done.returncode == 0, done.stderr
+    with pytest.raises(aiormq.exceptions.ConnectionClosed) as closed:
+        await asyncio.wait_for(conn.closing, 5)
+    assert closed.value.args[0] == 320 and "go away" in closed.value.args[1]
+
+    assert (await ctl(mb, "delete_user", "dave")).returncode == 0
+    assert (await ctl(mb, "delete_vhost", "ctl-vh")).returncode == 0
+    assert mb.api("GET", "/api/vhosts/ctl-vh")[0] == 404
+
+
+async def test_errors_are_one_line_with_exit_codes(mb: MgmtBroker) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    done = await asyncio.to_thread(run_ctl, "list_queues", url=url)
+    assert done.returncode == 69
+    assert done.stderr == f"hare-ctl: cannot reach the management API at {url}: " \
+                          "connection refused\n"
+    assert done.stdout == ""
+
+    done = await ctl(mb, "--password", "wrong", "status")
+    assert done.returncode == 77
+    assert done.stderr == f"hare-ctl: authentication failed for user 'guest' at {mb.http} " \
+                          "(401)\n"
+
+    done = await ctl(mb, "purge_queue", "no-such-queue")
+    assert done.returncode == 65 and done.stderr.startswith("hare-ctl: not found")
+    done = await ctl(mb, "set_permissions", "nobody", ".*", ".*", ".*")
+    assert done.returncode == 65
+    assert done.stderr == "hare-ctl: user 'nobody' does not exist (HTTP 400)\n"
+
+
+def test_verify_a_stopped_broker_store(tmp_path: Path) -> None:
+    b = MgmtBroker(tmp_path / "data").start()
+
+    async def publish() -> None:
+        conn = await aio_pika.connect(b.url)
+        ch = await conn.channel()
+        q = await ch.declare_queue("v.q", durable=True)
+        for i in range(20):
+            await ch.default_exchange.publish(
+                Message(b"%05d" % i * 2000, delivery_mode=DeliveryMode.PERSISTENT),
+                routing_key=q.name)
+        await conn.close()
+
+    asyncio.run(publish())
+    b.stop()
+    done = run_ctl("verify", str(tmp_path / "data"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    first = done.stdout.splitlines()[0]
+    assert first.startswith(f"{tmp_path / 'data' / 'msg_store_persistent'}: ok (")
+    assert "20 message(s)" in first and "clean shutdown: true" in first
+    report = json.loads(run_ctl("--json", "verify", str(tmp_path / "data")).stdout)
+    assert report[0]["ok"] is True and report[0]["messages"] == 20
+
+    # flip a byte inside a record: verify reports it and exits non-zero
+    [segment] = sorted((tmp_path / "data" / "msg_store_persistent").glob("*.hseg"))
+    raw = bytearray(segment.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    segment.write_bytes(bytes(raw))
+    done = run_ctl("verify", str(tmp_path / "data"))
+    assert done.returncode == 65
+    assert ": DAMAGED (" in done.stdout
+    assert f"{segment.name}: corrupt record at" in done.stdout
+
+    missing = run_ctl("verify", str(tmp_path / "nope"))
+    assert missing.returncode == 65 and "is not a directory" in missing.stderr
