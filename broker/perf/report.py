@@ -29,7 +29,8 @@ def format_report(report: Report) -> str:
         f"runs={p['runs']}  ({scenario.doc})"
     ]
     shown = [(k, label) for k, label in scenario.metrics if k in report.median]
-    shown += [(k, k) for k in ("published", "delivered")]
+    shown += [(k, k) for k in ("published", "delivered", "client_cpu", "others_cpu")]
+    shown = [(k, label) for k, label in shown if k in report.median]
     for key, label in shown:
         runs = " ".join(_fmt(run.get(key)) for run in report.runs)
         lines.append(f"  {label:<16}{_fmt(report.median[key]):>14}   runs: {runs}")

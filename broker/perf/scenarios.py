@@ -226,6 +226,12 @@ def _latency(blobs: list[bytes]) -> dict[str, float]:
     return {"p50_ms": pick(0.50), "p99_ms": pick(0.99), "max_ms": ordered[-1] / 1e6}
 
 
+def _cpu(*results: dict[str, Any]) -> dict[str, float]:
+    """The busiest load process's CPU share of one core over the run: near 1.0 would mean
+    hare-perf, not the broker, set the pace."""
+    return {"client_cpu": max(r["cpu_share"] for r in results)}
+
+
 def rss_kib(pid: int) -> int:
     """VmRSS of a process from /proc (Linux), in KiB."""
     with open(f"/proc/{pid}/status") as status:
@@ -233,6 +239,38 @@ def rss_kib(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+_HZ = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_snapshot(pid: int | None) -> tuple[float, float, float, float] | None:
+    """(wall, machine busy, broker, us) in CPU seconds; None off Linux."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
+        busy = (sum(fields) - fields[3] - fields[4]) / _HZ  # all but idle and iowait
+        broker = 0.0
+        if pid:
+            with open(f"/proc/{pid}/stat") as proc:
+                tail = proc.read().rsplit(")", 1)[1].split()
+            broker = (int(tail[11]) + int(tail[12])) / _HZ  # utime, stime
+    except (OSError, ValueError, IndexError):
+        return None
+    t = os.times()  # our own CPU and that of the workers we have joined
+    return time.monotonic(), busy, broker, t.user + t.system + t.children_user + t.children_system
+
+
+def _others_busy(
+    before: tuple[float, float, float, float] | None,
+    after: tuple[float, float, float, float] | None,
+) -> dict[str, float]:
+    """Cores kept busy by neither the broker nor hare-perf during a run (a shared machine's
+    noise). Only meaningful with --pid; without it the broker counts as "others"."""
+    if before is None or after is None:
+        return {}
+    wall, busy, broker, ours = (a - b for a, b in zip(after, before, strict=True))
+    return {"others_cpu": max(0.0, (busy - broker - ours) / max(wall, 1e-9))}
 
 
 async def _settled_rss(pid: int) -> int:
@@ -258,6 +296,7 @@ async def publish_only(p: Params) -> dict[str, float]:
         queue = await ctl.queue()
         r = await _fill(crew, p, queue)
         return {
+            **_cpu(r),
             "msg_s": _rate(p.count, r["t_start"], r["t_done"]),
             "write_msg_s": _rate(p.count, r["t_start"], r["t_written"]),
             "published": p.count,
@@ -280,6 +319,7 @@ async def drain(p: Params) -> dict[str, float]:
         crew.go([con])
         r = await crew.result(con)
         return {
+            **_cpu(r),
             "msg_s": _rate(r["delivered"], r["t_go"], r["t_last"]),
             "published": p.count,
             "delivered": r["delivered"],
@@ -300,6 +340,7 @@ async def _pubsub(p: Params, scenario: str, rate: float) -> dict[str, float]:
         rp = await crew.result(pub)
         rc = await crew.result(con)
         return {
+            **_cpu(rp, rc),
             "msg_s": _rate(rc["delivered"], rp["t_start"], rc["t_last"]),
             **_latency([rc["latencies_ns"]]),
             "published": rp["published"],
@@ -343,6 +384,7 @@ async def topic(p: Params) -> dict[str, float]:
         rp = await crew.result(pub)
         rc = await crew.result(con)
         return {
+            **_cpu(rp, rc),
             "msg_s": _rate(rc["delivered"], rp["t_start"], rc["t_last"]),
             **_latency([rc["latencies_ns"]]),
             "published": rp["published"] * (_TOPIC_QUEUES // _TOPIC_GROUPS),
@@ -381,6 +423,7 @@ async def persistent_confirms(p: Params) -> dict[str, float]:
         crew.go([pub])
         r = await crew.result(pub)
         return {
+            **_cpu(r),
             "msg_s": _rate(p.count, r["t_start"], r["t_done"]),
             "published": p.count,
             "delivered": float(r["confirmed"]),
@@ -403,6 +446,7 @@ async def backlog_memory(p: Params) -> dict[str, float]:
         crew.go([con])
         rc = await crew.result(con)
         figures = {
+            **_cpu(r, rc),
             "publish_msg_s": _rate(p.count, r["t_start"], r["t_done"]),
             "drain_s": (rc["t_last"] - rc["t_go"]) / 1e9,
             "drain_msg_s": _rate(rc["delivered"], rc["t_go"], rc["t_last"]),
@@ -530,10 +574,12 @@ async def run_scenario(
         params={"count": params.count, "size": params.size, "runs": runs, "pid": pid},
     )
     for _ in range(max(1, runs)):
+        before = _cpu_snapshot(pid)
         try:
-            report.runs.append(await scenario.run(params))
+            figures = await scenario.run(params)
         except BrokerClosed as exc:
             raise RuntimeError(f"{name}: {exc}") from exc
+        report.runs.append({**figures, **_others_busy(before, _cpu_snapshot(pid))})
     keys = [k for k in report.runs[0] if all(k in run for run in report.runs)]
     report.median = {k: float(statistics.median(run[k] for run in report.runs)) for k in keys}
     return report

@@ -104,6 +104,11 @@ async def _ready_then_go(pipe: Connection, info: Any, timeout: float) -> None:
         raise RuntimeError(f"orchestrator said {message!r}")
 
 
+def _share(cpu0: float, wall0: float) -> float:
+    """This process's CPU use since (cpu0, wall0), as a share of one core."""
+    return (time.process_time() - cpu0) / max(time.monotonic() - wall0, 1e-9)
+
+
 # -- publisher ----------------------------------------------------------------------------
 def publisher_main(pipe: Connection, spec: PublisherSpec) -> None:
     _run(pipe, lambda p: _publisher(p, spec))
@@ -127,6 +132,7 @@ async def _publisher(pipe: Connection, spec: PublisherSpec) -> dict[str, Any]:
             spec.batch_bytes,
         )
         await _ready_then_go(pipe, None, spec.timeout_s)
+        cpu0, wall0 = time.process_time(), time.monotonic()
         t_start = time.monotonic_ns()
         await _publish(client, batch, spec, deadline)
         t_written = time.monotonic_ns()
@@ -143,6 +149,7 @@ async def _publisher(pipe: Connection, spec: PublisherSpec) -> dict[str, Any]:
             "t_start": t_start,
             "t_written": t_written,
             "t_done": t_done,
+            "cpu_share": _share(cpu0, wall0),
             "confirmed": confirms.settled - confirms.nacked,
             "nacked": confirms.nacked,
             "blocked": client.blocked_count,
@@ -265,6 +272,7 @@ async def _consumer(pipe: Connection, spec: ConsumerSpec) -> dict[str, Any]:
         if not spec.consume_on_go:
             await subscribe()
         await _ready_then_go(pipe, None, spec.timeout_s)
+        cpu0, wall0 = time.process_time(), time.monotonic()
         t_go = time.monotonic_ns()
         if spec.consume_on_go:
             await subscribe()
@@ -292,6 +300,7 @@ async def _consumer(pipe: Connection, spec: ConsumerSpec) -> dict[str, Any]:
             "t_first": min((c.t_first for c in consumers if c.t_first), default=t_go),
             "t_last": t_last,
             "latencies_ns": latencies,
+            "cpu_share": _share(cpu0, wall0),
         }
     finally:
         await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
