@@ -18,9 +18,20 @@ from typing import Any, NoReturn
 
 from broker.config.settings import ENV_PREFIX, Settings, env_name, flag_name, key_info
 
-__all__ = ["CONFIG_ENV", "ConfigError", "build_arg_parser", "load_settings"]
+__all__ = [
+    "CONFIG_ENV",
+    "OTHER_TOOLS_ENV",
+    "OTHER_TOOLS_ENV_PREFIXES",
+    "ConfigError",
+    "build_arg_parser",
+    "load_settings",
+]
 
 CONFIG_ENV = ENV_PREFIX + "CONFIG"  # path of the TOML file when --config is not given
+# HARE_* variables of the other Hare tools, which share the broker's environment (a shell, a
+# container). Any other unknown HARE_* variable is taken for a misspelt setting.
+OTHER_TOOLS_ENV = frozenset({CONFIG_ENV, "HARE_MANAGEMENT_URL"})  # hare-ctl's
+OTHER_TOOLS_ENV_PREFIXES = ("HARE_CTL_", "HARE_PERF_", "HARE_TEST_")
 
 
 class ConfigError(Exception):
@@ -116,9 +127,13 @@ def _from_env(env: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
     by_var = {env_name(name): name for name, f in keys.items()}
     found: dict[str, tuple[Any, str]] = {}
     for var in sorted(env):
-        if not var.startswith(ENV_PREFIX) or var == CONFIG_ENV:
-            continue
         name = by_var.get(var)
+        if name is None and (
+            not var.startswith(ENV_PREFIX)
+            or var in OTHER_TOOLS_ENV
+            or var.startswith(OTHER_TOOLS_ENV_PREFIXES)
+        ):
+            continue
         where = f"environment variable {var}"
         if name is None:
             hint = _suggest(var, [*by_var, CONFIG_ENV])

@@ -223,7 +223,16 @@ def test_bad_flag_names_flag(argv: list[str], must_name: list[str]) -> None:
 
 
 def test_unrelated_environment_is_ignored() -> None:
-    assert load_settings([], {"PATH": "/bin", "HAREBELL": "x", "RABBITMQ_PORT": "1"}).port == 5672
+    env = {
+        "PATH": "/bin",
+        "HAREBELL": "x",
+        "RABBITMQ_PORT": "1",
+        "HARE_MANAGEMENT_URL": "http://localhost:15672",  # hare-ctl's
+        "HARE_PERF_TEST_URL": "amqp://",
+        "HARE_CTL_ANYTHING": "x",
+        "HARE_TEST_ANYTHING": "x",
+    }
+    assert load_settings([], env) == Settings()
 
 
 USERS = """
