@@ -101,6 +101,8 @@ def _cell(value: Any) -> str:
         return "true" if value else "false"
     if value is None:
         return ""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "[" + ", ".join(value) + "]"  # tags, as rabbitmqctl prints them
     if isinstance(value, dict | list):
         return json.dumps(value, separators=(",", ":"))
     return str(value)
@@ -197,7 +199,7 @@ def _status(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
         "memory_limit_bytes": node.get("mem_limit"),
         "disk_free_bytes": node.get("disk_free"),
         "alarms": alarms,
-        "listeners": [f"{x['protocol']} {x['ip_address']}:{x['port']}"
+        "listeners": [f"{x['protocol']} {_host(x['ip_address'])}:{x['port']}"
                       for x in ov.get("listeners", [])],
         **{k: v for k, v in ov["object_totals"].items()},
         "messages": ov["queue_totals"].get("messages", 0),
@@ -205,9 +207,18 @@ def _status(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
         "messages_unacknowledged": ov["queue_totals"].get("messages_unacknowledged", 0),
     }
     width = max(len(k) for k in data)
-    text = "\n".join(f"{k.ljust(width)}  {', '.join(v) if isinstance(v, list) else _cell(v)}"
-                     for k, v in data.items())
+    text = "\n".join(f"{k.ljust(width)}  {_status_value(v)}" for k, v in data.items())
     return data, f"Status of node {data['node']}\n{text}"
+
+
+def _host(ip: str) -> str:
+    return f"[{ip}]" if ":" in ip else ip
+
+
+def _status_value(value: Any) -> str:
+    if isinstance(value, list):
+        return ", ".join(value) if value else "none"
+    return _cell(value)
 
 
 def _done(message: str) -> tuple[Any, str]:

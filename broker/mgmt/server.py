@@ -180,13 +180,11 @@ async def _page(request: web.Request) -> web.StreamResponse:
 class ManagementServer:
     """A running listener; `port` is the bound one (useful when 0 was asked for)."""
 
-    def __init__(self, runner: web.AppRunner, site: web.TCPSite, stats: Stats) -> None:
+    def __init__(self, runner: web.AppRunner, stats: Stats) -> None:
         self._runner = runner
-        self._site = site
         self.stats = stats
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        self.port: int = sockets[0].getsockname()[1] if sockets else 0
+        addresses = runner.addresses
+        self.port: int = int(addresses[0][1]) if addresses else 0
 
     async def stop(self) -> None:
         await self.stats.stop()
@@ -214,13 +212,14 @@ async def start_management(node: Node, host: str, port: int,
     app = build_app(node, stats)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host or None, port, reuse_address=True)
+    # a short shutdown grace: open HTTP requests must not hold up the broker's stop
+    site = web.TCPSite(runner, host or None, port, reuse_address=True, shutdown_timeout=2.0)
     try:
         await site.start()
     except BaseException:
         await runner.cleanup()
         raise
     stats.start()
-    server = ManagementServer(runner, site, stats)
+    server = ManagementServer(runner, stats)
     log.info("management listener started", port=server.port, host=host or "*")
     return server
