@@ -48,7 +48,8 @@ class Client:
         self.timeout = timeout
 
     def call(self, method: str, path: str, body: Any = None,
-             headers: dict[str, str] | None = None) -> Any:
+             headers: dict[str, str] | None = None, what: str = "") -> Any:
+        """One request; `what` names the object for a 404 ("queue 'q' in vhost '/'")."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method)
         req.add_header("Authorization", self.auth)
@@ -60,7 +61,7 @@ class Client:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
-            raise self._http_error(exc) from None
+            raise self._http_error(exc, what or path) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             if isinstance(reason, ConnectionRefusedError):
@@ -73,7 +74,7 @@ class Client:
                            EX_UNAVAILABLE) from None
         return json.loads(raw) if raw.strip() else None
 
-    def _http_error(self, exc: urllib.error.HTTPError) -> CtlError:
+    def _http_error(self, exc: urllib.error.HTTPError, what: str) -> CtlError:
         try:
             reason = json.loads(exc.read()).get("reason", "")
         except (ValueError, AttributeError):
@@ -83,12 +84,12 @@ class Client:
             return CtlError(f"authentication failed for user '{self.user}' at {self.url} "
                             f"(401){why}", EX_NOPERM)
         if exc.code == 404:
-            return CtlError(f"not found: {reason or exc.url}", EX_DATAERR)
+            return CtlError(f"not found: {what}", EX_DATAERR)
         return CtlError(f"{reason or exc.reason} (HTTP {exc.code})",
                         EX_DATAERR if exc.code in (400, 403, 405) else EX_SOFTWARE)
 
-    def get(self, path: str) -> Any:
-        return self.call("GET", path)
+    def get(self, path: str, what: str = "") -> Any:
+        return self.call("GET", path, what=what)
 
 
 def _q(name: str) -> str:
@@ -231,13 +232,13 @@ def _add_user(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _set_user_tags(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
-    client.get(f"/api/users/{_q(a.name)}")  # 404 for a missing user, not a new one
+    client.get(f"/api/users/{_q(a.name)}", what=f"user '{a.name}'")  # never create one
     client.call("PUT", f"/api/users/{_q(a.name)}", {"tags": ",".join(a.tags)})
     return _done(f"Setting tags for user \"{a.name}\" to [{', '.join(a.tags)}] ...")
 
 
 def _delete_user(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
-    client.call("DELETE", f"/api/users/{_q(a.name)}")
+    client.call("DELETE", f"/api/users/{_q(a.name)}", what=f"user '{a.name}'")
     return _done(f"Deleting user \"{a.name}\" ...")
 
 
@@ -247,7 +248,7 @@ def _add_vhost(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _delete_vhost(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
-    client.call("DELETE", f"/api/vhosts/{_q(a.name)}")
+    client.call("DELETE", f"/api/vhosts/{_q(a.name)}", what=f"vhost '{a.name}'")
     return _done(f"Deleting vhost \"{a.name}\" ...")
 
 
@@ -258,7 +259,8 @@ def _set_permissions(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _purge_queue(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
-    client.call("DELETE", f"/api/queues/{_q(a.vhost)}/{_q(a.queue)}/contents")
+    client.call("DELETE", f"/api/queues/{_q(a.vhost)}/{_q(a.queue)}/contents",
+                what=f"queue '{a.queue}' in vhost '{a.vhost}'")
     return _done(f"Purging queue '{a.queue}' in vhost '{a.vhost}' ...")
 
 
@@ -266,13 +268,14 @@ def _delete_queue(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
     query = "&".join(f for f, on in (("if-empty=true", a.if_empty),
                                      ("if-unused=true", a.if_unused)) if on)
     suffix = f"?{query}" if query else ""
-    client.call("DELETE", f"/api/queues/{_q(a.vhost)}/{_q(a.queue)}{suffix}")
+    client.call("DELETE", f"/api/queues/{_q(a.vhost)}/{_q(a.queue)}{suffix}",
+                what=f"queue '{a.queue}' in vhost '{a.vhost}'")
     return _done(f"Deleting queue '{a.queue}' on vhost '{a.vhost}' ...")
 
 
 def _close_connection(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
     client.call("DELETE", f"/api/connections/{_q(a.connection)}",
-                headers={"X-Reason": a.reason})
+                headers={"X-Reason": a.reason}, what=f"connection '{a.connection}'")
     return _done(f"Closing connection {a.connection}, reason: {a.reason}...")
 
 

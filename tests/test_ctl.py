@@ -156,7 +156,8 @@ async def test_errors_are_one_line_with_exit_codes(mb: MgmtBroker) -> None:
                           "(401)\n"
 
     done = await ctl(mb, "purge_queue", "no-such-queue")
-    assert done.returncode == 65 and done.stderr.startswith("hare-ctl: not found")
+    assert done.returncode == 65
+    assert done.stderr == "hare-ctl: not found: queue 'no-such-queue' in vhost '/'\n"
     done = await ctl(mb, "set_permissions", "nobody", ".*", ".*", ".*")
     assert done.returncode == 65
     assert done.stderr == "hare-ctl: user 'nobody' does not exist (HTTP 400)\n"
