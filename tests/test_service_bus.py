@@ -59,8 +59,14 @@ class ServiceHost:
         await host_q.bind(EXCHANGE, self.name)
         await host_q.bind(GROUP, f"{self.service}.*")  # multicast
         await host_q.bind(GROUP, "*.*")  # broadcast
-        await type_q.consume(lambda m: self._on_message(self.service, m))
-        await host_q.consume(lambda m: self._on_message(self.name, m))
+        await type_q.consume(self._consumer(self.service))
+        await host_q.consume(self._consumer(self.name))
+
+    def _consumer(self, queue: str):
+        async def on_message(m: aio_pika.abc.AbstractIncomingMessage) -> None:
+            await self._on_message(queue, m)
+
+        return on_message
 
     async def _on_message(self, queue: str, m: aio_pika.abc.AbstractIncomingMessage) -> None:
         self.inbox[(self.name, queue)].append((m.routing_key, m.body))
