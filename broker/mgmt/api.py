@@ -172,6 +172,9 @@ def node_json(node: Node) -> dict[str, Any]:
     free = free_disk_bytes(node)
     if free is not None:
         out["disk_free"] = free
+    disk = getattr(node, "disk_monitor", None)
+    if disk is not None and hasattr(disk, "limit"):
+        out["disk_free_limit"] = int(disk.limit)
     return out
 
 

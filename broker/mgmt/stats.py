@@ -145,6 +145,9 @@ class Stats:
             cur = {**_counts(q, QUEUE_COUNTERS), **_depth(q)}
             live_q[q] = cur
             prev = self._last_q.get(q)
+            if prev is None and self._last_time:
+                # created since the last sample, with every counter at zero then
+                prev = dict.fromkeys(cur, 0)
             rates[q] = {k: (v - prev[k]) / dt if prev and dt > 0 else 0.0
                         for k, v in cur.items()}
         for q, last in self._last_q.items():

@@ -211,3 +211,49 @@ async def test_nodes_and_healthcheck(mgmt: MgmtBroker) -> None:
     assert node["disk_free"] > 0
     assert mgmt.get(f"/api/nodes/{node['name']}")["os_pid"] == node["os_pid"]
     assert mgmt.api("GET", "/api/nodes/rabbit@elsewhere")[0] == 404
+
+
+async def test_disk_alarm_in_health_nodes_metrics_and_page_data(tmp_path) -> None:
+    b = MgmtBroker(tmp_path / "alarm", ["--disk-free-limit", str(10**18)]).start()
+    try:
+        health = await b.until("/api/overview", lambda o: True)  # up and answering
+        assert health["node"].startswith("hare@")
+        status, body = b.api("GET", "/api/healthchecks/node")
+        for _ in range(50):  # the disk monitor's first check runs as the node starts
+            if status == 503:
+                break
+            await asyncio.sleep(0.05)
+            status, body = b.api("GET", "/api/healthchecks/node")
+        assert (status, body["status"], body["alarms"]) == (503, "failed", ["disk"])
+        [node] = b.get("/api/nodes")
+        assert node["disk_free_alarm"] is True and node["mem_alarm"] is False
+        assert node["disk_free_limit"] == 10**18
+        _, _, text = b.raw("/metrics")
+        assert "rabbitmq_alarms_free_disk_space_watermark 1.0" in text
+        assert "rabbitmq_alarms_memory_used_watermark 0.0" in text
+    finally:
+        b.stop()
+
+
+async def test_rates_after_a_sample(mgmt: MgmtBroker) -> None:
+    """100 publishes: within one 5 s sample they show as 20.0/s (split over two samples if
+    the publishing straddled a sampling instant)."""
+    qname = unique("rate")
+    conn = await connect(mgmt, qname)
+    ch = await conn.channel()
+    await ch.declare_queue(qname)
+    for _ in range(100):
+        await ch.default_exchange.publish(Message(b"r"), routing_key=qname)
+
+    def rate(d: dict) -> float:
+        return d["message_stats"]["publish_details"]["rate"]
+
+    path = f"/api/queues/%2F/{qname}"
+    first = rate(await mgmt.until(path, lambda d: rate(d) > 0, timeout=7))
+    total = first
+    if first < 19.9:
+        total += rate(await mgmt.until(path, lambda d: rate(d) != first, timeout=7))
+    assert total == pytest.approx(20.0, abs=0.2)
+    info = mgmt.get(path)
+    assert info["message_stats"]["publish"] == 100
+    await conn.close()

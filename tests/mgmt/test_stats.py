@@ -78,3 +78,16 @@ def test_totals_keep_deleted_queues_and_closed_channels() -> None:
     assert (stats.totals()["publish"], stats.totals()["confirm"]) == (12, 4)
     assert stats.totals()["return_unroutable"] == 1
     assert ch is not None
+
+
+def test_a_queue_created_between_samples_has_rates_at_once() -> None:
+    now = [0.0]
+    node, queues, _ = make_node()
+    stats = Stats(node, clock=lambda: now[0])
+    stats.sample()
+    q = queues["new"] = FakeQueue()
+    q.published, q.ready = 30, 30
+    now[0] += 5
+    stats.sample()
+    assert stats.rate(q, "publish") == 6.0
+    assert stats.rate(q, "messages") == 6.0
