@@ -79,7 +79,7 @@ class Stats:
         self.queue_rates: dict[AMQQueue, dict[str, float]] = {}
         self.node_rates: dict[str, float] = {}
         self._last_totals: dict[str, int] | None = None
-        self._last_time = 0.0
+        self._last_time: float | None = None  # no sample yet
         self._task: asyncio.Task[None] | None = None
 
     # -- totals, exact at the time of the call ------------------------------------------------
@@ -138,14 +138,14 @@ class Stats:
     # -- rates --------------------------------------------------------------------------------
     def sample(self) -> None:
         now = self.clock()
-        dt = now - self._last_time if self._last_time else 0.0
+        dt = now - self._last_time if self._last_time is not None else 0.0
         live_q: dict[AMQQueue, dict[str, int]] = {}
         rates: dict[AMQQueue, dict[str, float]] = {}
         for q in queues(self.node):
             cur = {**_counts(q, QUEUE_COUNTERS), **_depth(q)}
             live_q[q] = cur
             prev = self._last_q.get(q)
-            if prev is None and self._last_time:
+            if prev is None and self._last_time is not None:
                 # created since the last sample, with every counter at zero then
                 prev = dict.fromkeys(cur, 0)
             rates[q] = {k: (v - prev[k]) / dt if prev and dt > 0 else 0.0
