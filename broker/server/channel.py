@@ -457,6 +457,8 @@ class Channel:
                 out = list(unacked.values())
                 unacked.clear()
             else:
+                if tag not in unacked:  # RabbitMQ's collect_acks: the tag itself must be known
+                    raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
                 while unacked:
                     first = next(iter(unacked))
                     if first > tag:
@@ -677,7 +679,7 @@ class Channel:
         self._send(commands.Tx.SelectOk())
 
     def _tx_check(self, tag: int, multiple: bool) -> None:
-        if not multiple and tag not in self.unacked:
+        if (tag or not multiple) and tag not in self.unacked:
             raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
 
     def _tx_commit(self, m: commands.Tx.Commit) -> None:

@@ -494,6 +494,23 @@ def test_ack_multiple(broker):
     c.close()
 
 
+def test_ack_multiple_of_an_unknown_tag_is_406(broker):
+    """RabbitMQ's collect_acks: multiple=true still needs the tag itself to be unacked."""
+    c = client(broker.port)
+    q = declare_queue(c, exclusive=True)
+    for i in range(3):
+        publish(c, "", q, b"%d" % i)
+    tags = [get(c, q, no_ack=False)[0].delivery_tag for _ in range(3)]
+    c.send_method(1, commands.Basic.Ack(delivery_tag=tags[2]))
+    channel_error(c, commands.Basic.Ack(delivery_tag=tags[2], multiple=True), 406,
+                  f"unknown delivery tag {tags[2]}")
+    channel_error(c, commands.Basic.Nack(delivery_tag=99, multiple=True), 406,
+                  "unknown delivery tag 99")
+    # the channel closed by the error requeued the two never acked
+    assert count(c, q) == 2
+    c.close()
+
+
 def test_ack_multiple_zero_acks_everything(broker):
     c = client(broker.port)
     q = declare_queue(c, exclusive=True)
