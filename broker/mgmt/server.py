@@ -52,6 +52,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _OPEN_PATHS = ("/", "/index.html", "/metrics")
 _READ_METHODS = ("GET", "HEAD", "OPTIONS")
+# Reads that hand out password hashes or the access rules: administrators only, as RabbitMQ
+_ADMIN_READS = ("/api/users", "/api/definitions", "/api/permissions")
 
 # An AMQP error raised by a vhost method, as an HTTP status (RabbitMQ's mapping).
 _STATUS = {
@@ -158,6 +160,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return json_response({"error": "bad_request", "reason": exc.text}, status)
 
 
+def _admin_read(path: str) -> bool:
+    return path.startswith(_ADMIN_READS) or path.endswith("/permissions")
+
+
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     if request.path in _OPEN_PATHS or not request.path.startswith("/api"):
@@ -167,7 +173,7 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     if "administrator" not in tags:
         if "monitoring" not in tags:
             raise ApiError(401, "Not management user")
-        if request.method not in _READ_METHODS:
+        if request.method not in _READ_METHODS or _admin_read(request.path):
             raise ApiError(401, "Not administrator user")
     request["user"] = user
     return await handler(request)

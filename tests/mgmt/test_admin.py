@@ -50,6 +50,10 @@ def test_monitoring_reads_only_and_untagged_users_are_refused(mgmt: MgmtBroker) 
     status, body = mgmt.api("PUT", "/api/queues/%2F/nope", {}, user=watcher, password="pw1")
     assert (status, body["reason"]) == (401, "Not administrator user")
     assert mgmt.api("GET", "/api/queues/%2F/nope")[0] == 404  # not created
+    for secret in ("/api/users", f"/api/users/{watcher}", "/api/definitions",
+                   "/api/permissions", "/api/vhosts/%2F/permissions"):
+        status, body = mgmt.api("GET", secret, user=watcher, password="pw1")
+        assert (status, body["reason"]) == (401, "Not administrator user"), secret
     status, body = mgmt.api("GET", "/api/overview", user=plain, password="pw2")
     assert (status, body["reason"]) == (401, "Not management user")
 

@@ -257,3 +257,30 @@ async def test_rates_after_a_sample(mgmt: MgmtBroker) -> None:
     info = mgmt.get(path)
     assert info["message_stats"]["publish"] == 100
     await conn.close()
+
+
+async def test_exchange_to_exchange_binding(mgmt: MgmtBroker) -> None:
+    src, dst, qname = unique("src"), unique("dst"), unique("e2e")
+    mgmt.api("PUT", f"/api/exchanges/%2F/{src}", {"type": "direct", "durable": False})
+    mgmt.api("PUT", f"/api/exchanges/%2F/{dst}", {"type": "fanout", "durable": False})
+    mgmt.api("PUT", f"/api/queues/%2F/{qname}", {"durable": False})
+    assert mgmt.api("POST", f"/api/bindings/%2F/e/{src}/e/{dst}",
+                    {"routing_key": "go", "arguments": {"x-note": 1}})[0] == 201
+    assert mgmt.api("POST", f"/api/bindings/%2F/e/{dst}/q/{qname}", {})[0] == 201
+    [b] = mgmt.get(f"/api/exchanges/%2F/{src}/bindings/source")
+    assert (b["destination"], b["destination_type"], b["arguments"]) == (
+        dst, "exchange", {"x-note": 1})
+    assert b["properties_key"].startswith("go~")
+    assert [x["source"] for x in mgmt.get(f"/api/exchanges/%2F/{dst}/bindings/destination")
+            ] == [src]
+    assert mgmt.api("POST", f"/api/bindings/%2F/e/{src}/q/missing", {})[0] == 404
+
+    conn = await connect(mgmt, qname)
+    ch = await conn.channel()
+    x = await ch.get_exchange(src)
+    await x.publish(Message(b"via e2e"), routing_key="go")
+    await mgmt.until(f"/api/queues/%2F/{qname}", lambda d: d["messages"] == 1)
+    status, _ = mgmt.api("DELETE", f"/api/bindings/%2F/e/{src}/e/{dst}/{b['properties_key']}")
+    assert status == 204
+    assert mgmt.get(f"/api/exchanges/%2F/{src}/bindings/source") == []
+    await conn.close()
