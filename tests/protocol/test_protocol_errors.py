@@ -363,3 +363,101 @@ def test_many_errors_leave_the_broker_serving(broker):
         c.send(raw_frame(7, 1, b"zz"))
         c.close()
     roundtrip_ok(broker.port)
+
+
+# -- content framing that is legal --------------------------------------------------------------
+def _header(channel: int, size: int) -> bytes:
+    from pamqp import frame as pframe
+    from pamqp import header as pheader
+
+    return pframe.marshal(pheader.ContentHeader(0, size, commands.Basic.Properties()), channel)
+
+
+def _get_body(c: RawClient, queue: str, ch: int = 1) -> bytes | None:
+    from pamqp import header as pheader
+    from pamqp.body import ContentBody
+
+    c.send_method(ch, commands.Basic.Get(queue=queue, no_ack=True))
+    m = c.recv_frame()[1]
+    if isinstance(m, commands.Basic.GetEmpty):
+        return None
+    assert isinstance(m, commands.Basic.GetOk), m
+    hdr = c.expect(pheader.ContentHeader, ch)
+    body = b""
+    while len(body) < hdr.body_size:
+        body += c.expect(ContentBody, ch).value
+    return body
+
+
+def test_content_frames_of_two_channels_interleave(broker):
+    c = opened(broker)
+    c.open_channel(2)
+    c.send_method(1, commands.Queue.Declare(queue="", exclusive=True))
+    q = c.expect(commands.Queue.DeclareOk, 1).queue
+    publish = commands.Basic.Publish(exchange="", routing_key=q)
+    from pamqp import frame as pframe
+
+    c.send(pframe.marshal(publish, 1) + _header(1, 6) + raw_frame(3, 1, b"one-")
+           + pframe.marshal(publish, 2) + _header(2, 3) + raw_frame(3, 2, b"two")
+           + raw_frame(3, 1, b"ch"))
+    bodies = {_get_body(c, q), _get_body(c, q)}
+    assert bodies == {b"one-ch", b"two"}
+    c.close()
+
+
+def test_empty_body_and_many_small_body_frames(broker):
+    c = opened(broker)
+    c.send_method(1, commands.Queue.Declare(queue="", exclusive=True))
+    q = c.expect(commands.Queue.DeclareOk, 1).queue
+    from pamqp import frame as pframe
+
+    publish = pframe.marshal(commands.Basic.Publish(exchange="", routing_key=q), 1)
+    c.send(publish + _header(1, 0))  # no body frame at all
+    c.send(publish + _header(1, 100) + b"".join(raw_frame(3, 1, b"%02d" % i) for i in range(50)))
+    assert _get_body(c, q) == b""
+    assert _get_body(c, q) == b"".join(b"%02d" % i for i in range(50))
+    c.close()
+
+
+def test_frames_after_channel_error_are_dropped_until_close_ok(broker):
+    c = opened(broker)
+    c.send_method(1, commands.Queue.Declare(queue="no-such-q-raw", passive=True))
+    close = c.expect(commands.Channel.Close, 1)
+    assert close.reply_code == 404
+    # before close-ok: a publish and a method on that channel are ignored, not answered
+    c.send_method(1, commands.Basic.Publish(exchange="", routing_key="x"))
+    c.send_content(1, b"ignored")
+    c.send_method(1, commands.Basic.Qos(prefetch_count=1))
+    c.send_method(1, commands.Channel.CloseOk())
+    c.open_channel(1)
+    c.send_method(1, commands.Basic.Qos(prefetch_count=2))
+    c.expect(commands.Basic.QosOk, 1)
+    c.close()
+
+
+def test_crossing_channel_close(broker):
+    """Server and client close the same channel at once: the client's close gets close-ok."""
+    c = opened(broker)
+    c.send_method(1, commands.Queue.Declare(queue="no-such-q-raw", passive=True))
+    c.send_method(1, commands.Channel.Close(reply_code=200, reply_text="", class_id=0,
+                                            method_id=0))
+    c.expect(commands.Channel.Close, 1)
+    c.expect(commands.Channel.CloseOk, 1)
+    c.open_channel(1)
+    c.close()
+
+
+def test_frames_after_connection_close_are_ignored(broker):
+    c = opened(broker)
+    c.send(raw_frame(1, 1, struct.pack(">HH", 60, 99)))  # 540: the connection is closing
+    close = c.expect(commands.Connection.Close, 0)
+    assert close.reply_code == 540
+    c.send_method(1, commands.Basic.Qos(prefetch_count=1))
+    c.send_method(1, commands.Channel.Open())
+    c.send_method(0, commands.Connection.CloseOk())
+    while True:  # nothing else comes (no qos-ok, no open-ok) before the socket closes
+        got = c.recv_frame(3.0)
+        if got is None:
+            break
+        assert got[1].__class__.__name__ == "Heartbeat", got
+    c.close()
