@@ -315,7 +315,7 @@ def _verify(_: Client | None, a: argparse.Namespace) -> tuple[Any, str]:
     stores = [d for d in (root / "msg_store_persistent", root / "msg_store_transient")
               if d.is_dir()] or [root]
     reports = [verify(d) for d in stores]
-    data = [{"directory": r.directory, "ok": r.ok, "segments": r.segments,
+    data: list[dict[str, Any]] = [{"directory": r.directory, "ok": r.ok, "segments": r.segments,
              "messages": r.messages, "bytes": r.bytes, "duplicates": r.duplicates,
              "clean_shutdown": r.clean_shutdown, "snapshot": r.snapshot,
              "quarantined": r.quarantined, "problems": r.problems()} for r in reports]

@@ -114,7 +114,7 @@ async def overview(request: web.Request) -> web.Response:
     all_queues = list(queues(node))
     exchanges = sum(len(v.exchanges) for v in node.vhosts.values())
     consumers = sum(len(q.consumers) for q in all_queues)
-    message_stats = {}
+    message_stats: dict[str, Any] = {}
     for key in ("publish", "confirm", "return_unroutable", "deliver_get", "ack", "redeliver"):
         message_stats[key] = totals[key]
         message_stats[f"{key}_details"] = details(stats.node_rate(key))
@@ -243,7 +243,7 @@ async def channels_list(request: web.Request) -> web.Response:
 
 
 async def consumers(request: web.Request) -> web.Response:
-    out = []
+    out: list[dict[str, Any]] = []
     for vhost in _vhosts(request):
         for q in list(vhost.queues.values()):
             out.extend(consumer_json(c) for c in list(q.consumers))

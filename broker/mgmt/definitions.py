@@ -119,8 +119,8 @@ def import_definitions(node: Node, defs: dict[str, Any]) -> dict[str, int]:
         node.add_vhost(_str(item, "name", "vhosts"))
     done["vhosts"] = len(_items(defs, "vhosts"))
     for item in _items(defs, "users"):
-        body = {k: item[k] for k in ("password", "password_hash", "hashing_algorithm", "tags")
-                if k in item}
+        fields = ("password", "password_hash", "hashing_algorithm", "tags")
+        body: dict[str, Any] = {k: item[k] for k in fields if k in item}
         if "password" not in body and "password_hash" not in body:
             body["password_hash"] = ""
         put_user(node, _str(item, "name", "users"), body)

@@ -44,7 +44,7 @@ __all__ = [
 
 log = structlog.get_logger("hare.mgmt")
 
-NODE = web.AppKey("node", "Node")
+NODE: web.AppKey[Node] = web.AppKey("node")
 STATS = web.AppKey("stats", Stats)
 PAGE = Path(__file__).with_name("static") / "index.html"
 
