@@ -372,6 +372,7 @@ class AMQQueue:
     def reject(self, seqs: list[int], requeue: bool) -> None:
         if requeue:
             self.bq.requeue(seqs)
+            self._ttl_dirty = True  # a requeued message may have expired meanwhile: drop it
         else:
             entries = self.bq.ack(seqs)
             self._gone(entries)
@@ -381,6 +382,7 @@ class AMQQueue:
     def requeue(self, seqs: list[int]) -> None:
         if seqs and not self.deleted:
             self.bq.requeue(seqs)
+            self._ttl_dirty = True  # as RabbitMQ: expired requeued messages go at once
             self.wake()
 
     def purge(self) -> int:

@@ -120,6 +120,20 @@ def test_message_ttl_expires_and_dead_letters_with_reason_expired(broker):
     c.close()
 
 
+def test_requeued_message_past_its_ttl_is_dead_lettered_not_redelivered(broker):
+    c = client(broker.port)
+    _, dlq, q = dl_setup(c, **{"x-message-ttl": 100})
+    publish(c, "", q, b"held too long")
+    ok, _, _ = get(c, q, no_ack=False)
+    time.sleep(0.2)  # its TTL runs out while it is unacked
+    c.send_method(1, commands.Basic.Nack(delivery_tag=ok.delivery_tag, requeue=True))
+    got = wait_get(c, dlq)
+    assert got[2] == b"held too long"
+    assert text(got[1].headers["x-death"][0]["reason"]) == "expired"
+    assert count(c, q) == 0
+    c.close()
+
+
 def test_message_ttl_not_delivered_to_late_consumer(broker):
     c = client(broker.port)
     q = declare(c, uniq("ttl-late"), **{"x-message-ttl": 50})
