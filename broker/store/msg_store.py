@@ -9,6 +9,7 @@ is the only place the index and file summary change. See docs/STORAGE.md."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import errno
 import os
 from collections.abc import Callable, Iterable
@@ -51,7 +52,7 @@ from broker.store.segment import (
 __all__ = ["FSYNC_POLICIES", "MessageUnreadable", "MsgStore", "RecoveryReport", "StoreClient"]
 
 FSYNC_POLICIES = ("always", "batch", "never")
-_GC_RECHECK_REMOVES = 128  # after a GC check found no pair, wait this many removes to look again
+_GC_RECHECK_DIVISOR = 16  # no pair found: look again once garbage grew by limit/16 bytes
 
 
 class StoreClient(Protocol):
@@ -118,11 +119,13 @@ class MsgStore:
         self._valid_bytes = 0  # sum of valid_total_size over the summary
         self._moving: tuple[int, int, dict[int, bytes]] | None = None  # file, prefix end, bodies
         self._stuck = False  # a compaction could not finish: no clean marker at stop
-        self._in_flight: set[asyncio.Future[Any]] = set()  # disk jobs running in threads
+        # Disk jobs run on the store's own threads (one flushing, one compacting at most), and
+        # are tracked as concurrent futures: cancelling an awaiting task does not stop a thread.
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._in_flight: set[concurrent.futures.Future[Any]] = set()
         self._flusher: asyncio.Task[None] | None = None
         self._gc_task: asyncio.Task[None] | None = None
-        self._gc_next_check = 0
-        self._removes = 0
+        self._gc_next_check = 0  # garbage bytes at which _gc_check next looks for a pair
         self._counters = {
             "quarantined": 0,
             "corrupt_records": 0,
@@ -139,16 +142,15 @@ class MsgStore:
         one reference. A clean start trusts the snapshot's counts and does not call it."""
         if self._state is not _State.NEW:
             raise RuntimeError(f"store {self.name} already started")
-        loop = asyncio.get_running_loop()
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=2, thread_name_prefix=f"msg_store_{self.name}")
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.transient:
-            await loop.run_in_executor(None, wipe, self.directory)
+            await self._in_thread(wipe, self.directory)
             report = RecoveryReport(clean=True, wiped=True)
             next_file = 1
         else:
-            rec = await loop.run_in_executor(
-                None, recover, self.directory, self.file_writer, self._log
-            )
+            rec = await self._in_thread(recover, self.directory, self.file_writer, self._log)
             self._index, self._summary, report, next_file = (
                 rec.index, rec.summary, rec.report, rec.next_file)
             if not report.clean:
@@ -224,17 +226,21 @@ class MsgStore:
                     await task
                 except asyncio.CancelledError:
                     pass
-        if self._in_flight:  # a thread may still be using our descriptors
-            await asyncio.wait(list(self._in_flight))
+        for job in list(self._in_flight):  # a thread may still be using our descriptors
+            try:
+                await asyncio.wrap_future(job)
+            except Exception:
+                pass
         self._close_all()
         self._state = _State.STOPPED
 
     def _in_thread(self, fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
-        """Run blocking disk work in the default executor, tracked for close_dirty."""
-        fut = asyncio.get_running_loop().run_in_executor(None, fn, *args)
-        self._in_flight.add(fut)
-        fut.add_done_callback(self._in_flight.discard)
-        return fut
+        """Run blocking disk work on the store's threads, tracked for close_dirty."""
+        assert self._executor is not None
+        job = self._executor.submit(fn, *args)
+        self._in_flight.add(job)
+        job.add_done_callback(self._in_flight.discard)
+        return asyncio.wrap_future(job)
 
     def _write_clean_shutdown(self) -> None:
         write_snapshot(self.directory / SNAPSHOT, self._index, self._summary)
@@ -244,6 +250,8 @@ class MsgStore:
         fsync_dir(self.directory)
 
     def _close_all(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)  # idle by now: every job was awaited
         for fd in self._read_fds.values():
             os.close(fd)
         self._read_fds.clear()
@@ -294,7 +302,6 @@ class MsgStore:
             return
         del self._index[msg_id]
         self._cache.pop(msg_id, None)
-        self._removes += 1
         if loc.file == PENDING:  # still flying: never write it (its writers are still confirmed)
             loc.file = REMOVED
             self._counters["cancelled_writes"] += 1
@@ -555,6 +562,7 @@ class MsgStore:
         if fd is not None:
             os.close(fd)
         self._unsynced.discard(number)
+        self._gc_next_check = 0  # new neighbours: a pair may fit now
         try:
             (self.directory / segment_name(number)).unlink()
         except FileNotFoundError:
@@ -610,14 +618,20 @@ class MsgStore:
         if (
             self._gc_task is not None
             or self._state is not _State.RUNNING
-            or self._removes < self._gc_next_check
+            or self._total_bytes - self._valid_bytes < self._gc_next_check
             or not self._gc_wanted()
         ):
             return
         if self._pick_pair() is None:
-            self._gc_next_check = self._removes + _GC_RECHECK_REMOVES
+            self._gc_backoff()
             return
         self._gc_task = asyncio.create_task(self._gc_loop(), name=f"msg_store_gc_{self.name}")
+
+    def _gc_backoff(self) -> None:
+        """Nothing to combine (or it failed): picking again costs a pass over the files, so
+        wait until some more garbage has built up."""
+        garbage = self._total_bytes - self._valid_bytes
+        self._gc_next_check = garbage + self.file_size_limit // _GC_RECHECK_DIVISOR
 
     def _pick_pair(self) -> tuple[int, int] | None:
         """The leftmost two neighbouring non-current, unlocked files whose live data fits in
@@ -640,11 +654,8 @@ class MsgStore:
         try:
             while self._state is _State.RUNNING and self._gc_wanted():
                 pair = self._pick_pair()
-                if pair is None:
-                    self._gc_next_check = self._removes + _GC_RECHECK_REMOVES
-                    return
-                if not await self._compact(*pair):
-                    self._gc_next_check = self._removes + _GC_RECHECK_REMOVES
+                if pair is None or not await self._compact(*pair):
+                    self._gc_backoff()
                     return
         finally:
             self._gc_task = None
