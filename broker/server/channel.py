@@ -28,6 +28,7 @@ from broker.protocol.constants import (
     INTERNAL_ERROR,
     NO_ROUTE,
     NOT_ALLOWED,
+    NOT_FOUND,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
 )
@@ -90,6 +91,7 @@ class Channel:
         self.published_since_alarm = False
         self._posted: set[AMQQueue] = set()  # queues we sent to: told when we go
         self.published = 0
+        self.last_queue = ""  # the queue last declared here: what an empty queue name means
         self._task: asyncio.Task[None] | None = None
 
     # -- life cycle -------------------------------------------------------------------------
@@ -296,6 +298,7 @@ class Channel:
             arguments=m.arguments or {},
             owner=self.reader,
         )
+        self.last_queue = q.name
         if not m.nowait:
             self._send(
                 commands.Queue.DeclareOk(
@@ -303,7 +306,19 @@ class Channel:
                 )
             )
 
+    def _last_queue(self, name: str) -> str:
+        """The spec's shortcut (and RabbitMQ's): an empty queue name is the channel's most
+        recently declared queue."""
+        if name:
+            return name
+        if not self.last_queue:
+            raise ChannelError(NOT_FOUND, "no previously declared queue")
+        return self.last_queue
+
     def _queue_bind(self, m: commands.Queue.Bind) -> None:
+        if not m.queue and not m.routing_key:
+            m.routing_key = self._last_queue("")
+        m.queue = self._last_queue(m.queue)
         self._check("write", "queue", m.queue)
         self._check("read", "exchange", m.exchange)
         q = self.vhost.queue(m.queue, self.reader)
@@ -312,6 +327,9 @@ class Channel:
             self._send(commands.Queue.BindOk())
 
     def _queue_unbind(self, m: commands.Queue.Unbind) -> None:
+        if not m.queue and not m.routing_key:
+            m.routing_key = self._last_queue("")
+        m.queue = self._last_queue(m.queue)
         self._check("write", "queue", m.queue)
         self._check("read", "exchange", m.exchange)
         q = self.vhost.queue(m.queue, self.reader)
@@ -319,6 +337,7 @@ class Channel:
         self._send(commands.Queue.UnbindOk())
 
     def _queue_purge(self, m: commands.Queue.Purge) -> None:
+        m.queue = self._last_queue(m.queue)
         self._check("read", "queue", m.queue)
         q = self.vhost.queue(m.queue, self.reader)
         count = q.purge()
@@ -326,6 +345,7 @@ class Channel:
             self._send(commands.Queue.PurgeOk(message_count=count))
 
     def _queue_delete(self, m: commands.Queue.Delete) -> None:
+        m.queue = self._last_queue(m.queue)
         self._check("configure", "queue", m.queue)
         q = self.vhost.queues.get(m.queue)
         if q is None:
@@ -348,6 +368,7 @@ class Channel:
         self.wake_queues()
 
     def _basic_consume(self, m: commands.Basic.Consume) -> None:
+        m.queue = self._last_queue(m.queue)
         self._check("read", "queue", m.queue)
         q = self.vhost.queue(m.queue, self.reader)
         tag = m.consumer_tag or "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode(
@@ -388,6 +409,7 @@ class Channel:
             self._send(commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
 
     def _basic_get(self, m: commands.Basic.Get) -> None:
+        m.queue = self._last_queue(m.queue)
         self._check("read", "queue", m.queue)
         q = self.vhost.queue(m.queue, self.reader)
         got = q.get(not m.no_ack)

@@ -378,6 +378,27 @@ def test_auto_delete_queue_goes_after_last_consumer_cancels(broker):
     c.close()
 
 
+def test_empty_queue_name_means_last_declared(broker):
+    """The spec's shortcut, as RabbitMQ: '' is the queue most recently declared on the channel
+    (bind, unbind, purge, delete, consume, get); bind with '' and no key binds by its name."""
+    c = client(broker.port, channels=(1, 2))
+    channel_error(c, commands.Basic.Get(queue=""), 404, "no previously declared queue", ch=2)
+    q = declare_queue(c, exclusive=True)
+    call(c, commands.Queue.Bind(queue="", exchange="amq.direct"), commands.Queue.BindOk)
+    publish(c, "amq.direct", q, b"by its own name")
+    assert get(c, "")[1] == b"by its own name"
+    publish(c, "", q, b"purged")
+    assert call(c, commands.Queue.Purge(queue=""), commands.Queue.PurgeOk).message_count == 1
+    call(c, commands.Queue.Unbind(queue="", exchange="amq.direct"), commands.Queue.UnbindOk)
+    publish(c, "amq.direct", q, b"unbound")
+    assert get(c, q) is None
+    call(c, commands.Basic.Consume(queue="", consumer_tag="last"), commands.Basic.ConsumeOk)
+    call(c, commands.Basic.Cancel(consumer_tag="last"), commands.Basic.CancelOk)
+    call(c, commands.Queue.Delete(queue=""), commands.Queue.DeleteOk)
+    channel_error(c, commands.Queue.Declare(queue=q, passive=True), 404)
+    c.close()
+
+
 def test_bind_unbind_purge(broker):
     c = client(broker.port)
     x = uniq("x-bind")
@@ -819,6 +840,13 @@ def test_publish_with_write_denied_is_403(perms_broker):
     channel_error(c, commands.Exchange.Declare(exchange="other-x", exchange_type="direct"), 403,
                   "access to exchange 'other-x'")
     channel_error(c, commands.Queue.Declare(queue="other-q"), 403, "access to queue 'other-q'")
+    # binding needs read on the exchange; getting needs read on the queue
+    channel_error(c, commands.Queue.Bind(queue=q, exchange="locked-x"), 403,
+                  "access to exchange 'locked-x'")
+    declare_queue(admin, "locked-q")
+    channel_error(c, commands.Basic.Get(queue="locked-q"), 403, "access to queue 'locked-q'")
+    channel_error(c, commands.Basic.Consume(queue="locked-q"), 403, "access to queue 'locked-q'")
+    channel_error(c, commands.Queue.Delete(queue="locked-q"), 403, "access to queue 'locked-q'")
     c.close()
     admin.close()
 
