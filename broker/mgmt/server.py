@@ -198,7 +198,7 @@ class ManagementServer:
 
 
 def build_app(node: Node, stats: Stats) -> web.Application:
-    from broker.mgmt import admin, api, definitions, metrics
+    from broker.mgmt import admin, api, definitions, messages, metrics
 
     app = web.Application(middlewares=[_errors, _auth])
     app[NODE] = node
@@ -209,6 +209,7 @@ def build_app(node: Node, stats: Stats) -> web.Application:
     api.add_routes(app)
     admin.add_routes(app)
     definitions.add_routes(app)
+    messages.add_routes(app)
     return app
 
 

@@ -1,0 +1,149 @@
+"""Publishing and getting messages over HTTP, for debugging as in RabbitMQ's management UI:
+
+    POST /api/exchanges/{vhost}/{name}/publish   -> {"routed": true}
+    POST /api/queues/{vhost}/{name}/get          -> [{"payload": ..., "properties": ...}, ...]
+
+Not for production traffic (no confirms, no flow control), as RabbitMQ warns too. A publish is
+routed like a channel's (alternate exchanges included) and handed to each queue's mailbox the
+way dead-lettering does it."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+from typing import Any
+
+from aiohttp import web
+from pamqp import commands
+
+from broker.message import Message, encode_properties
+from broker.mgmt.api import DEFAULT_EXCHANGE_ALIAS, vhost_of
+from broker.mgmt.server import NODE, ApiError, json_response, read_json
+
+__all__ = ["add_routes"]
+
+# RabbitMQ's JSON name -> pamqp's attribute
+_PROPERTIES = {
+    "content_type": "content_type", "content_encoding": "content_encoding",
+    "headers": "headers", "delivery_mode": "delivery_mode", "priority": "priority",
+    "correlation_id": "correlation_id", "reply_to": "reply_to", "expiration": "expiration",
+    "message_id": "message_id", "timestamp": "timestamp", "type": "message_type",
+    "user_id": "user_id", "app_id": "app_id",
+}
+_ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true",
+             "reject_requeue_false")
+
+
+def _properties(raw: object) -> commands.Basic.Properties:
+    if not isinstance(raw, dict):
+        raise ApiError(400, "properties must be a JSON object")
+    unknown = sorted(set(raw) - set(_PROPERTIES))
+    if unknown:
+        raise ApiError(400, f"unknown properties: {', '.join(unknown)}")
+    values = {_PROPERTIES[k]: v for k, v in raw.items()}
+    if isinstance(values.get("timestamp"), int):
+        values["timestamp"] = datetime.datetime.fromtimestamp(values["timestamp"],
+                                                              datetime.UTC)
+    try:
+        return commands.Basic.Properties(**values)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(400, f"bad properties: {exc}") from exc
+
+
+def _properties_json(msg: Message) -> dict[str, Any]:
+    props = msg.properties
+    out: dict[str, Any] = {}
+    for name, attr in _PROPERTIES.items():
+        value = getattr(props, attr, None)
+        if value is None:
+            continue
+        if isinstance(value, datetime.datetime):
+            value = int(value.timestamp())
+        out[name] = value
+    return out
+
+
+async def publish(request: web.Request) -> web.Response:
+    vhost = vhost_of(request.app[NODE], request.match_info["vhost"])
+    name = request.match_info["name"]
+    ex = vhost.exchanges.get("" if name == DEFAULT_EXCHANGE_ALIAS else name)
+    if ex is None:
+        raise ApiError(404, "Not Found")
+    body = await read_json(request)
+    routing_key = body.get("routing_key", "")
+    payload = body.get("payload", "")
+    if not isinstance(routing_key, str) or not isinstance(payload, str):
+        raise ApiError(400, "routing_key and payload must be strings")
+    encoding = body.get("payload_encoding", "string")
+    if encoding == "string":
+        data = payload.encode()
+    elif encoding == "base64":
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except binascii.Error as exc:
+            raise ApiError(400, f"payload is not base64: {exc}") from exc
+    else:
+        raise ApiError(400, "payload_encoding must be 'string' or 'base64'")
+    props = _properties(body.get("properties") or {})
+    msg = Message(ex.name, routing_key, encode_properties(props), data)
+    queues = list(vhost.route(ex, msg))
+    for q in queues:
+        q.post_publishes(None, [(msg, 0)])
+    return json_response({"routed": bool(queues)})
+
+
+async def get(request: web.Request) -> web.Response:
+    vhost = vhost_of(request.app[NODE], request.match_info["vhost"])
+    q = vhost.queues.get(request.match_info["name"])
+    if q is None:
+        raise ApiError(404, "Not Found")
+    body = await read_json(request)
+    count = body.get("count", 1)
+    ackmode = body.get("ackmode", "ack_requeue_true")
+    encoding = body.get("encoding", "auto")
+    truncate = body.get("truncate")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ApiError(400, "count must be a positive integer")
+    if ackmode not in _ACKMODES:
+        raise ApiError(400, f"ackmode must be one of {', '.join(_ACKMODES)}")
+    if encoding not in ("auto", "base64"):
+        raise ApiError(400, "encoding must be 'auto' or 'base64'")
+    taken: list[int] = []
+    out: list[dict[str, Any]] = []
+    for _ in range(count):
+        got = q.get(True)
+        if got is None:
+            break
+        (seq, msg, redelivered, _), remaining = got
+        taken.append(seq)
+        data = msg.body if truncate is None else msg.body[: int(truncate)]
+        text: str | None = None
+        if encoding == "auto":
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                text = None
+        out.append({
+            "payload_bytes": len(msg.body),
+            "redelivered": redelivered,
+            "exchange": msg.exchange,
+            "routing_key": msg.routing_key,
+            "message_count": remaining,
+            "properties": _properties_json(msg),
+            "payload": text if text is not None else base64.b64encode(data).decode(),
+            "payload_encoding": "string" if text is not None else "base64",
+        })
+    if taken:
+        if ackmode == "ack_requeue_true" or ackmode == "reject_requeue_true":
+            q.requeue(taken)
+        elif ackmode == "ack_requeue_false":
+            q.ack(taken)
+        else:
+            q.reject(taken, False)  # dead-lettered if the queue has a DLX
+    return json_response(out)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/api/exchanges/{vhost}/{name}/publish", publish)
+    app.router.add_post("/api/queues/{vhost}/{name}/get", get)
