@@ -542,13 +542,15 @@ class Channel:
         self._settle(self._take_unacked(m.delivery_tag, False), "reject", m.requeue)
 
     def _basic_recover(self, m: commands.Basic.Recover) -> None:
-        self._recover()
+        self._recover(m)
         self._send(commands.Basic.RecoverOk())
 
     def _basic_recover_async(self, m: commands.Basic.RecoverAsync) -> None:
-        self._recover()
+        self._recover(m)
 
-    def _recover(self) -> None:
+    def _recover(self, m: commands.Basic.Recover | commands.Basic.RecoverAsync) -> None:
+        if not m.requeue:  # RabbitMQ: redelivery to the same consumer is not implemented
+            raise ConnectionError_(NOT_IMPLEMENTED, "requeue=false")
         records = list(self.unacked.values())
         self.unacked.clear()
         self._settle(records, "reject", True)

@@ -609,6 +609,14 @@ def consume_both(c: RawClient, qa: str, qb: str, n: int) -> list:
     return got
 
 
+def test_basic_recover_without_requeue_is_540(broker):
+    """RabbitMQ does not implement redelivery to the original consumer."""
+    c = client(broker.port)
+    connection_error(c, commands.Basic.Recover(requeue=False), 540, "requeue=false")
+    c = client(broker.port)
+    connection_error(c, commands.Basic.RecoverAsync(requeue=False), 540, "requeue=false")
+
+
 def test_qos_per_consumer_and_global(broker):
     c = client(broker.port)
     qa = declare_queue(c, exclusive=True)
