@@ -399,6 +399,40 @@ def test_empty_queue_name_means_last_declared(broker):
     c.close()
 
 
+def test_consumers_go_with_their_connection(broker):
+    """An abrupt disconnect cancels the connection's consumers: an auto-delete queue goes, an
+    exclusive consumer's queue is free again, unacked deliveries come back redelivered."""
+    owner = client(broker.port)
+    other = client(broker.port)
+    ad, shared = uniq("q-ad-conn"), uniq("q-excl-consumer")
+    declare_queue(owner, ad, auto_delete=True)
+    declare_queue(owner, shared)
+    publish(owner, "", shared, b"held")
+    call(owner, commands.Basic.Consume(queue=ad, consumer_tag="a"), commands.Basic.ConsumeOk)
+    call(owner, commands.Basic.Consume(queue=shared, consumer_tag="x", exclusive=True),
+         commands.Basic.ConsumeOk)
+    deliveries(owner, 1)
+    channel_error(other, commands.Basic.Consume(queue=shared), 403, "exclusive use")
+    owner.close()
+    deadline = time.monotonic() + 3
+    while True:
+        other.send_method(1, commands.Queue.Declare(queue=ad, passive=True))
+        got = other.recv_frame()[1]
+        if isinstance(got, commands.Channel.Close):
+            assert got.reply_code == 404
+            other.send_method(1, commands.Channel.CloseOk())
+            other.open_channel(1)
+            break
+        assert time.monotonic() < deadline, "auto-delete queue outlived its consumer"
+        time.sleep(0.02)
+    call(other, commands.Basic.Consume(queue=shared, consumer_tag="y"), commands.Basic.ConsumeOk)
+    ((d, body),) = deliveries(other, 1)
+    assert body == b"held" and d.redelivered
+    call(other, commands.Basic.Cancel(consumer_tag="y"), commands.Basic.CancelOk)
+    call(other, commands.Queue.Delete(queue=shared), commands.Queue.DeleteOk)
+    other.close()
+
+
 def test_bind_unbind_purge(broker):
     c = client(broker.port)
     x = uniq("x-bind")
