@@ -144,9 +144,15 @@ class VHost:
         if if_unused and ex.has_bindings():
             raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' {self._where()} in use")
         del self.exchanges[name]
-        for other in self.exchanges.values():
-            other.unbind_all(ex)
+        self._unbind_everywhere(ex)
         self._changed("delete_exchange", ex)
+
+    def _unbind_everywhere(self, ex: Exchange) -> None:
+        """`ex` is gone: drop the bindings to it; an auto-delete source left without bindings
+        goes too (RabbitMQ's process_deletions)."""
+        for other in list(self.exchanges.values()):
+            if other.unbind_all(ex):
+                self._maybe_auto_delete(other)
 
     def bind_exchange(
         self, destination: str, source: str, routing_key: str, arguments: dict[str, Any]
@@ -178,8 +184,7 @@ class VHost:
     def _maybe_auto_delete(self, ex: Exchange) -> None:
         if ex.auto_delete and not ex.has_bindings() and self.exchanges.get(ex.name) is ex:
             del self.exchanges[ex.name]
-            for other in self.exchanges.values():
-                other.unbind_all(ex)
+            self._unbind_everywhere(ex)
             self._changed("delete_exchange", ex)
 
     # -- queues -----------------------------------------------------------------------------

@@ -300,6 +300,29 @@ def test_auto_delete_exchange_source_of_exchange_binding(broker):
     c.close()
 
 
+def test_auto_delete_cascades_when_destinations_go(broker):
+    """As RabbitMQ: deleting a destination (exchange or queue) removes its bindings, and an
+    auto-delete source left without bindings goes, all the way up a chain."""
+    c = client(broker.port)
+    top, mid, solo, dst = uniq("ad-top"), uniq("ad-mid"), uniq("ad-solo"), uniq("ad-dst")
+    for name, auto in ((top, True), (mid, True), (solo, True), (dst, False)):
+        call(c, commands.Exchange.Declare(exchange=name, exchange_type="fanout",
+                                          auto_delete=auto), commands.Exchange.DeclareOk)
+    q = declare_queue(c, exclusive=True)
+    call(c, commands.Exchange.Bind(destination=mid, source=top), commands.Exchange.BindOk)
+    call(c, commands.Queue.Bind(queue=q, exchange=mid), commands.Queue.BindOk)
+    call(c, commands.Exchange.Bind(destination=dst, source=solo), commands.Exchange.BindOk)
+    # an exchange destination deleted
+    call(c, commands.Exchange.Delete(exchange=dst), commands.Exchange.DeleteOk)
+    channel_error(c, commands.Exchange.Declare(exchange=solo, passive=True), 404)
+    # a queue at the end of a chain deleted: mid loses its last binding, then top its own
+    call(c, commands.Exchange.Declare(exchange=top, passive=True), commands.Exchange.DeclareOk)
+    call(c, commands.Queue.Delete(queue=q), commands.Queue.DeleteOk)
+    channel_error(c, commands.Exchange.Declare(exchange=mid, passive=True), 404)
+    channel_error(c, commands.Exchange.Declare(exchange=top, passive=True), 404)
+    c.close()
+
+
 # -- queues -------------------------------------------------------------------------------------
 def test_queue_server_named_and_passive(broker):
     c = client(broker.port)
