@@ -23,6 +23,7 @@ from broker.protocol.errors import ChannelError, ConnectionError_
 from broker.queue.amqqueue import AMQQueue
 from broker.routing.exchange import Exchange
 from broker.routing.router import route as route_through
+from broker.routing.router import routing_keys
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -324,8 +325,11 @@ class VHost:
     def route(self, ex: Exchange, msg: Message) -> Any:
         """The queues a message goes to (an iterable of AMQQueue)."""
         if ex is self.default_exchange:
-            q = self.queues.get(msg.routing_key)
-            return (q,) if q is not None else ()
+            keys = routing_keys(msg)  # CC/BCC route through the default exchange too
+            if len(keys) == 1:
+                q = self.queues.get(msg.routing_key)
+                return (q,) if q is not None else ()
+            return {q for k in keys if (q := self.queues.get(k)) is not None}
         return route_through(ex, msg, self.exchanges.get)
 
     def publish_internal(self, msg: Message) -> int:

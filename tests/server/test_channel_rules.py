@@ -227,6 +227,50 @@ def test_alternate_exchange_takes_unroutable(broker):
     c.close()
 
 
+def test_alternate_exchange_that_routes_nowhere_returns_mandatory(broker):
+    c = client(broker.port)
+    empty_ae, x, x_missing = uniq("ae-empty"), uniq("x-ae-empty"), uniq("x-ae-missing")
+    call(c, commands.Exchange.Declare(exchange=empty_ae, exchange_type="fanout"),
+         commands.Exchange.DeclareOk)
+    call(c, commands.Exchange.Declare(exchange=x, exchange_type="direct",
+                                      arguments={"alternate-exchange": empty_ae}),
+         commands.Exchange.DeclareOk)
+    call(c, commands.Exchange.Declare(exchange=x_missing, exchange_type="direct",
+                                      arguments={"alternate-exchange": "no-such-ae"}),
+         commands.Exchange.DeclareOk)
+    for name in (x, x_missing):
+        publish(c, name, "k", b"lost " + name.encode(), mandatory=True)
+        ret = c.expect(commands.Basic.Return, 1)
+        assert (ret.reply_code, ret.exchange, ret.routing_key) == (312, name, "k")
+        assert read_content(c)[1] == b"lost " + name.encode()
+    for name in (x, x_missing, empty_ae):
+        call(c, commands.Exchange.Delete(exchange=name), commands.Exchange.DeleteOk)
+    c.close()
+
+
+@pytest.mark.parametrize("exchange", ["", "amq.direct"])
+def test_cc_and_bcc_headers_add_routing_keys(broker, exchange):
+    """Sender-selected distribution, as RabbitMQ: CC and BCC keys route like the routing key
+    (through the default exchange too); BCC is removed from what is delivered."""
+    c = client(broker.port)
+    main, cc, bcc, other = (declare_queue(c, exclusive=True) for _ in range(4))
+    if exchange:
+        for q in (main, cc, bcc, other):
+            call(c, commands.Queue.Bind(queue=q, exchange=exchange, routing_key=q),
+                 commands.Queue.BindOk)
+    publish(c, exchange, main, b"sent",
+            props=commands.Basic.Properties(headers={"CC": [cc], "BCC": [bcc], "x": 1}))
+    for q in (main, cc, bcc):
+        c.send_method(1, commands.Basic.Get(queue=q, no_ack=True))
+        ok = c.expect(commands.Basic.GetOk, 1)
+        assert ok.routing_key == main
+        hdr, body = read_content(c)
+        assert body == b"sent"
+        assert hdr.properties.headers == {"CC": [cc], "x": 1}
+    assert get(c, other) is None
+    c.close()
+
+
 def test_exchange_delete_if_unused(broker):
     c = client(broker.port)
     x = uniq("x-del")
