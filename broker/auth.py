@@ -29,14 +29,16 @@ class Permissions:
     configure: re.Pattern[str]
     write: re.Pattern[str]
     read: re.Pattern[str]
+    source: tuple[str, str, str] = ("", "", "")  # the patterns as given
 
     @classmethod
     def of(cls, configure: str, write: str, read: str) -> Permissions:
         # RabbitMQ treats "" as "matches nothing"; re.fullmatch of "" would match only "".
-        return cls(_compile(configure), _compile(write), _compile(read))
+        return cls(_compile(configure), _compile(write), _compile(read),
+                   (configure, write, read))
 
     def patterns(self) -> tuple[str, str, str]:
-        return self.configure.pattern, self.write.pattern, self.read.pattern
+        return self.source
 
 
 def _compile(pattern: str) -> re.Pattern[str]:

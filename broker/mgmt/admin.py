@@ -34,7 +34,6 @@ __all__ = [
 ]
 
 HASHING_ALGORITHM = "rabbit_password_hashing_sha256"
-_NOTHING = "(?!)"
 
 
 def _db(node: Node) -> Definitions | None:
@@ -198,9 +197,7 @@ async def whoami(request: web.Request) -> web.Response:
 
 # -- permissions --------------------------------------------------------------------------------
 def permission_json(node: Node, user: str, vhost: str) -> dict[str, Any]:
-    # Auth compiles "" (match nothing) to "(?!)"; the API speaks RabbitMQ's ""
-    configure, write, read = ("" if p == _NOTHING else p
-                              for p in node.auth.perms[(user, vhost)].patterns())
+    configure, write, read = node.auth.perms[(user, vhost)].patterns()
     return {"user": user, "vhost": vhost, "configure": configure, "write": write, "read": read}
 
 

@@ -91,6 +91,8 @@ class Channel:
         self.published_since_alarm = False
         self._posted: set[AMQQueue] = set()  # queues we sent to: told when we go
         self.published = 0
+        self.confirmed = 0  # basic.ack/nack sent to a confirm-mode publisher (metrics)
+        self.returned = 0  # basic.return sent (metrics)
         self.last_queue = ""  # the queue last declared here: what an empty queue name means
         self._task: asyncio.Task[None] | None = None
 
@@ -149,6 +151,9 @@ class Channel:
             q.credit_flow.peer_down(self)
         self._posted.clear()
         self.reader.channel_terminated(self)
+        management = getattr(self.reader.node, "management", None)
+        if management is not None:
+            management.stats.channel_closed(self)  # keep its counters in the node's totals
 
     def _release(self) -> None:
         """Requeue unacked messages and cancel consumers (channel or connection closed)."""
@@ -577,6 +582,8 @@ class Channel:
                 )
             self._write_ok.add(exchange)
         msg = Message(exchange, routing_key, props, body)
+        if len(props) >= 2 and (props[0] & 0x01 or props[1] & 0x10):  # expiration, user_id
+            self._check_properties(msg)
         self.published += 1
         seq = 0
         if self.confirm:
@@ -587,10 +594,42 @@ class Channel:
             return
         self._route(ex, msg, mandatory, seq)
 
+    def _check_properties(self, msg: Message) -> None:
+        """RabbitMQ's check_user_id_header and check_expiration_header (406 on publish)."""
+        props = msg.properties
+        user_id = props.user_id
+        if user_id is not None and user_id != self.user:
+            user = self.reader.node.auth.users.get(self.user)
+            if user is None or "impersonator" not in user.tags:
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"user_id property set to '{user_id}' but authenticated user was "
+                    f"'{self.user}'",
+                    (60, 40),
+                )
+        expiration = props.expiration
+        if expiration is not None:
+            text = expiration
+            sign = text[:1] in ("-", "+")
+            digits = len(text) - len(text[sign:].lstrip("0123456789")) if text else 0
+            if digits <= int(sign):
+                error = "no_integer"
+            elif digits < len(text):
+                error = f'{{leftover_string,"{text[digits:]}"}}'
+            elif int(text) < 0:
+                error = f"{{value_negative,{int(text)}}}"
+            else:
+                error = ""
+            if error:
+                raise ChannelError(
+                    PRECONDITION_FAILED, f"invalid expiration '{expiration}': {error}", (60, 40)
+                )
+
     def _route(self, ex: Exchange, msg: Message, mandatory: bool, seq: int) -> None:
         queues = self.vhost.route(ex, msg)
         if not queues:
             if mandatory:
+                self.returned += 1
                 self.writer.send_many(
                     frames.encode_return(
                         self.number,
@@ -693,6 +732,7 @@ class Channel:
                 for a in acks[len(below) :]:
                     out.append(frames.encode_basic_ack(ch, a, False))
         if out:
+            self.confirmed += len(out)
             self.writer.send_many(out)
 
     # -- transactions -----------------------------------------------------------------------
