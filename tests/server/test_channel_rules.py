@@ -271,6 +271,42 @@ def test_cc_and_bcc_headers_add_routing_keys(broker, exchange):
     c.close()
 
 
+@pytest.mark.parametrize(
+    ("expiration", "reason"),
+    [("abc", "no_integer"), ("12s", "leftover_string"),
+     ("-5", "value_negative")],
+)
+def test_publish_with_invalid_expiration_is_406(broker, expiration, reason):
+    c = client(broker.port)
+    q = declare_queue(c, exclusive=True)
+    c.send_method(1, commands.Basic.Publish(exchange="", routing_key=q))
+    c.send_content(1, b"x", commands.Basic.Properties(expiration=expiration))
+    close = c.expect(commands.Channel.Close, 1)
+    assert close.reply_code == 406
+    assert f"invalid expiration '{expiration}'" in close.reply_text and reason in close.reply_text
+    assert (close.class_id, close.method_id) == (60, 40)
+    c.send_method(1, commands.Channel.CloseOk())
+    c.open_channel(1)
+    publish(c, "", q, b"ok", props=commands.Basic.Properties(expiration="60000"))
+    assert get(c, q)[1] == b"ok"
+    c.close()
+
+
+def test_publish_with_someone_elses_user_id_is_406(broker):
+    c = client(broker.port)
+    q = declare_queue(c, exclusive=True)
+    publish(c, "", q, b"mine", props=commands.Basic.Properties(user_id="guest"))
+    got = get(c, q)
+    assert got[1] == b"mine"
+    c.send_method(1, commands.Basic.Publish(exchange="", routing_key=q))
+    c.send_content(1, b"forged", commands.Basic.Properties(user_id="admin"))
+    close = c.expect(commands.Channel.Close, 1)
+    assert close.reply_code == 406
+    assert "user_id property set to 'admin' but authenticated user was 'guest'" in (
+        close.reply_text)
+    c.close()
+
+
 def test_exchange_delete_if_unused(broker):
     c = client(broker.port)
     x = uniq("x-del")
