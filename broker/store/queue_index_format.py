@@ -238,7 +238,7 @@ def scan_segment(buf: bytes) -> SegmentScan:
 def _skip_damage(buf: bytes, pos: int, n: int, base: int, entries: int) -> int:
     """Where good records resume after a failing one at pos, -1 if none follows (torn tail)."""
     if n - pos >= _REC_HEAD_SIZE:  # trust the length field first (damage inside a body)
-        length = _CRC.unpack_from(buf, pos + _CRC.size)[0]
+        length: int = _CRC.unpack_from(buf, pos + _CRC.size)[0]
         skip = pos + _REC_HEAD_SIZE + length
         if skip < n and _record_at(buf, skip, n, base, entries) is not None:
             return skip
@@ -261,4 +261,5 @@ def pub_at(buf: bytes, pos: int, base: int, entries: int) -> tuple[int, int, byt
 
 def record_size(head: bytes) -> int:
     """The whole size of the record whose first 9 bytes (or more) are `head`."""
-    return _REC_HEAD_SIZE + _CRC.unpack_from(head, _CRC.size)[0]
+    length: int = _CRC.unpack_from(head, _CRC.size)[0]
+    return _REC_HEAD_SIZE + length

@@ -288,11 +288,11 @@ def same(a: Any, b: Any) -> bool:
     if isinstance(a, list):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, float):
-        return a.hex() == b.hex()
+        return bool(a.hex() == b.hex())
     if isinstance(a, Decimal):
         return str(a) == str(b)
     if isinstance(a, dt.datetime):
-        return a == b and a.tzinfo == b.tzinfo
+        return bool(a == b and a.tzinfo == b.tzinfo)
     return bool(a == b)
 
 
