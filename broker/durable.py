@@ -24,7 +24,7 @@ from broker.store.definitions import (
     QueueDef,
 )
 from broker.store.msg_store import MsgStore
-from broker.store.queue_index import QueueIndex, msg_refs
+from broker.store.queue_index import QueueIndex, msg_refs, remove_orphans
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -62,6 +62,9 @@ class Durable:
         self._restoring = True
         try:
             self._restore_access()
+            # an index whose queue is gone (deleted, then a crash) must not keep bodies alive
+            keep = [self.queue_dir(qd.vhost, qd.name) for qd in self.definitions.queues()]
+            remove_orphans(self.queues_root, keep)
             await self.persistent.start(refs=lambda: msg_refs(self.queues_root))
             await self.transient.start()
             self._restore_topology()

@@ -30,16 +30,21 @@ def hash_password(password: str, salt: bytes | None = None) -> str:
     return base64.b64encode(salt + digest).decode("ascii")
 
 
+# RabbitMQ's hashing modules, told apart by digest length (rabbit_password_hashing_md5,
+# _sha256, _sha512), so any RabbitMQ definitions export loads; new hashes are always sha256.
+_BY_DIGEST_SIZE = {16: hashlib.md5, 32: hashlib.sha256, 64: hashlib.sha512}
+
+
 def _decode(stored: str) -> bytes | None:
     try:
         raw = base64.b64decode(stored.encode("ascii"), validate=True)
     except (binascii.Error, UnicodeEncodeError, ValueError):
         return None
-    return raw if len(raw) == SALT_BYTES + _DIGEST_BYTES else None
+    return raw if len(raw) - SALT_BYTES in _BY_DIGEST_SIZE else None
 
 
 def is_password_hash(stored: str) -> bool:
-    """True when `stored` has the shape of a sha256 hash this module can check."""
+    """True when `stored` has the shape of a RabbitMQ password hash this module can check."""
     return _decode(stored) is not None
 
 
@@ -49,6 +54,6 @@ def check_password(password: str, stored: str) -> bool:
     if raw is None:
         return False
     salt, expected = raw[:SALT_BYTES], raw[SALT_BYTES:]
-    actual = hashlib.sha256(salt + password.encode("utf-8")).digest()
+    actual = _BY_DIGEST_SIZE[len(expected)](salt + password.encode("utf-8")).digest()
     # Constant-time comparison: the hash must not leak through timing.
     return hmac.compare_digest(actual, expected)

@@ -27,6 +27,17 @@ class Mailbox:
             if not waiter.done():
                 waiter.set_result(None)
 
+    def put_quiet(self, item: Any) -> None:
+        """Append without waking the owner: a producer adding a burst calls `notify` once."""
+        self._items.append(item)
+
+    def notify(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and self._items:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
     def take(self) -> list[Any]:
         """Everything queued so far, without waiting (used to drain before a synchronous call)."""
         items = self._items

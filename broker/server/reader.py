@@ -86,6 +86,7 @@ class Reader(asyncio.Protocol):
         self.channels: dict[int, Channel] = {}
         self.assemblers: dict[int, CommandAssembler] = {}
         self._header_buf = b""
+        self._touched: set[Channel] = set()  # channels given commands in this chunk
         self._timer: asyncio.TimerHandle | None = None
         self._recv_activity = True
         self._missed = 0
@@ -134,6 +135,7 @@ class Reader(asyncio.Protocol):
             self.connection_error(exc)
             self._close_transport()
             return
+        touched = self._touched
         try:
             for ftype, channel, payload in batch:
                 if channel == 0:
@@ -145,6 +147,11 @@ class Reader(asyncio.Protocol):
         except ConnectionError_ as exc:
             self.connection_error(exc)
             return
+        finally:
+            if touched:  # one wake-up per channel for everything this chunk carried
+                for ch in touched:
+                    ch.mailbox.notify()
+                touched.clear()
         self._throttle()
 
     def pause_writing(self) -> None:
@@ -379,7 +386,8 @@ class Reader(asyncio.Protocol):
             # the number is free again as soon as the client closed it
             del self.channels[number]
             del self.assemblers[number]
-        ch.post(cmd)
+        ch.mailbox.put_quiet(cmd)
+        self._touched.add(ch)
 
     def _closing_frame(self, number: int, ftype: int, payload: bytes) -> None:
         """We sent channel.close: drop everything but close / close-ok, as the spec says."""

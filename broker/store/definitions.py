@@ -23,10 +23,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime as dt
-import hashlib
-import hmac
 import json
-import os
 import pathlib
 import sqlite3
 import threading
@@ -34,6 +31,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
+
+from broker.config.passwords import check_password, hash_password
 
 __all__ = [
     "BindingDef",
@@ -103,32 +102,9 @@ class DefinitionsCorrupt(RuntimeError):
     """The database cannot be trusted (not SQLite, damaged pages, a newer schema)."""
 
 
-# -- passwords (rabbit_password_hashing_*) ------------------------------------------------------
-_HASHES_BY_DIGEST_SIZE = {16: hashlib.md5, 32: hashlib.sha256, 64: hashlib.sha512}
-
-
-def password_hash(password: str, salt: bytes | None = None) -> str:
-    """base64(salt + sha256(salt + utf8 password)) with a random 4-byte salt, as RabbitMQ."""
-    salt = os.urandom(4) if salt is None else salt
-    if len(salt) != 4:
-        raise ValueError("RabbitMQ password salts are 4 bytes")
-    digest = hashlib.sha256(salt + password.encode()).digest()
-    return base64.b64encode(salt + digest).decode("ascii")
-
-
-def check_password(password: str, stored: str) -> bool:
-    """Whether `password` matches a stored RabbitMQ hash. The algorithm (md5, sha256, sha512)
-    follows from the decoded length; an empty or malformed hash matches nothing (RabbitMQ's
-    way of locking password logins)."""
-    try:
-        raw = base64.b64decode(stored.encode("ascii"), validate=True)
-    except (ValueError, UnicodeEncodeError):
-        return False
-    algo = _HASHES_BY_DIGEST_SIZE.get(len(raw) - 4)
-    if algo is None:
-        return False
-    salt, digest = raw[:4], raw[4:]
-    return hmac.compare_digest(algo(salt + password.encode()).digest(), digest)
+# -- passwords: one implementation, in broker.config.passwords; re-exported under the names
+# this module has always offered.
+password_hash = hash_password
 
 
 # -- field tables as tagged JSON ---------------------------------------------------------------
@@ -406,7 +382,7 @@ class Definitions:
                     tags = [t for t in tags.split(",") if t]
                 stored = u.get("password_hash")
                 if stored is None:
-                    stored = password_hash(u["password"]) if "password" in u else ""
+                    stored = hash_password(u["password"]) if "password" in u else ""
                 _put_user(db, u["name"], stored, list(tags))
             for p in doc.get("permissions", ()):
                 perm = PermissionDef(p["user"], p["vhost"], p["configure"], p["write"], p["read"])
