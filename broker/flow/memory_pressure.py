@@ -12,7 +12,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-__all__ = ["QueueLoad", "ram_targets"]
+__all__ = ["QueueLoad", "RateMeter", "ram_targets"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -36,3 +36,26 @@ def ram_targets(loads: Mapping[K, QueueLoad], fraction: float) -> dict[K, int | 
         n = len(loads)
         weights = {k: (q.ram_msg_count / held if held else 1 / n) for k, q in loads.items()}
     return {k: int(budget * w) for k, w in weights.items()}
+
+
+class RateMeter:
+    """A message rate from a monotonic counter (say a queue's in_count + out_count), as an
+    exponentially weighted average over samples: rate = a x latest + (1 - a) x previous."""
+
+    __slots__ = ("_count", "_time", "rate", "smoothing")
+
+    def __init__(self, smoothing: float = 0.5) -> None:
+        if not 0.0 < smoothing <= 1.0:
+            raise ValueError(f"smoothing must be in (0, 1]: {smoothing}")
+        self.smoothing = smoothing
+        self.rate = 0.0
+        self._count: int | None = None
+        self._time = 0.0
+
+    def update(self, count: int, now: float) -> float:
+        """Feed the counter's value at time `now` (seconds, monotonic); returns the rate."""
+        if self._count is not None and now > self._time:
+            latest = max(count - self._count, 0) / (now - self._time)
+            self.rate = self.smoothing * latest + (1.0 - self.smoothing) * self.rate
+        self._count, self._time = count, now
+        return self.rate

@@ -142,6 +142,9 @@ class VariableQueue:
         self._ram = 0  # alphas: ready messages whose body is in RAM
         self._ram_bytes = 0
         self._target: int | None = None
+        # monotonic counters, for the message rate the memory monitor shares RAM by
+        self.in_count = 0  # published + requeued
+        self.out_count = 0  # fetched
 
     # -- sizes --------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -207,6 +210,7 @@ class VariableQueue:
                 st.on_index = True
         (self._q1 if self._q3 else self._q4).append(st)
         self._len += 1
+        self.in_count += 1
         self._bytes += size
         self._ram += 1
         self._ram_bytes += size
@@ -235,6 +239,7 @@ class VariableQueue:
         msg = st.msg
         assert msg is not None
         self._len -= 1
+        self.out_count += 1
         self._bytes -= st.size
         self._ram -= 1
         self._ram_bytes -= st.size
@@ -265,6 +270,7 @@ class VariableQueue:
         )
         if not back:
             return 0
+        self.in_count += len(back)
         for st in back:
             st.delivered = True
             self._len += 1

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from broker.flow.memory_pressure import QueueLoad, ram_targets
+import pytest
+
+from broker.flow.memory_pressure import QueueLoad, RateMeter, ram_targets
 
 
 def test_no_pressure_lifts_all_targets() -> None:
@@ -23,3 +25,16 @@ def test_without_rates_split_by_what_each_holds() -> None:
 
 def test_empty_queues_get_nothing() -> None:
     assert ram_targets({"a": QueueLoad(0, 0.0), "b": QueueLoad(0, 0.0)}, 0.1) == {"a": 0, "b": 0}
+
+
+def test_rate_meter_averages_counter_deltas() -> None:
+    meter = RateMeter(smoothing=0.5)
+    assert meter.update(100, now=10.0) == 0.0  # first sample: no interval yet
+    assert meter.update(300, now=12.0) == pytest.approx(50.0)  # 100/s, halved with 0
+    assert meter.update(300, now=12.0) == pytest.approx(50.0)  # no time passed: unchanged
+    assert meter.update(500, now=14.0) == pytest.approx(75.0)
+
+
+def test_rate_meter_rejects_bad_smoothing() -> None:
+    with pytest.raises(ValueError):
+        RateMeter(smoothing=0.0)

@@ -256,6 +256,7 @@ def test_requeue_returns_messages_to_the_head_in_seq_order() -> None:
     assert vq.requeue([3, 0]) == 2
     out = [vq.fetch() for _ in range(4)]
     assert [(e[0], e[2]) for e in out if e] == [(0, True), (2, True), (3, True), (4, False)]
+    assert (vq.in_count, vq.out_count) == (5 + 3, 4 + 4)
     assert vq.pending_count == 5  # 1 was never requeued
 
 
