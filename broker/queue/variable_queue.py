@@ -101,8 +101,9 @@ class VariableQueue:
     """Ready messages in RAM or on disk, in FIFO order, plus the pending-ack table.
 
     `store` holds persistent bodies, `transient_store` (default: `store`) transient ones.
-    A non-durable queue treats every message as transient. `client` is passed to store writes
-    (the store's handle for confirms). Nothing here awaits: the queue task calls it."""
+    A non-durable queue treats every message as transient. `client` is passed to the store
+    writes of persistent messages (the store's handle for confirms; transient writes pass None).
+    Nothing here awaits: the queue task calls it."""
 
     def __init__(
         self,
@@ -400,7 +401,10 @@ class VariableQueue:
             self._index.publish(st.seq_id, st.msg_id, data)
             st.on_index = st.embedded = True
         else:
-            self._store_for(st).write(st.msg_id, data, self._client)
+            # only persistent writes are confirmed by the store; a transient message was
+            # confirmed when it was enqueued, paging it must not confirm it again
+            client = self._client if st.persistent else None
+            self._store_for(st).write(st.msg_id, data, client)
             st.in_store = True
 
     def _drop_body(self, st: _Status) -> None:

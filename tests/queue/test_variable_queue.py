@@ -31,8 +31,10 @@ class MemStore:
         self.refs: dict[int, int] = {}
         self.writes = 0
         self.reads = 0
+        self.clients: list[object | None] = []
 
     def write(self, msg_id: int, data: bytes, client: object | None) -> None:
+        self.clients.append(client)
         self.bodies[msg_id] = data
         self.refs[msg_id] = self.refs.get(msg_id, 0) + 1
         self.writes += 1
@@ -175,6 +177,16 @@ def test_persistent_messages_are_on_disk_at_publish_transient_ones_only_when_pag
     assert [number(vq.fetch()[1]) for _ in range(3)] == [1, 2, 3]  # type: ignore[index]
     vq.ack([0, 1, 2])
     assert not store.bodies and not transient.bodies and not index.entries
+
+
+def test_only_persistent_writes_carry_the_confirm_client() -> None:
+    confirms = object()
+    vq, store, transient, _ = make(client=confirms)
+    vq.publish(msg(1, persistent=True))
+    vq.publish(msg(2))
+    vq.set_target_ram_count(0)
+    assert store.clients == [confirms]
+    assert transient.clients == [None]
 
 
 def test_non_durable_queue_treats_every_message_as_transient() -> None:
