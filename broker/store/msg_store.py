@@ -105,6 +105,7 @@ class MsgStore:
         self._index: dict[int, MsgLocation] = {}
         self._summary: dict[int, FileSummary] = {}
         self._cache: dict[int, bytes] = {}  # bodies pending or in the current file
+        self._cur_ids: list[int] = []  # ids written to the current file: evicted on roll
         self._pending: list[_Entry] = []
         self._sync_waiters: list[asyncio.Future[None]] = []
         self._wake = asyncio.Event()
@@ -415,6 +416,7 @@ class MsgStore:
                     loc.file, loc.offset = file, pos
                     pos += loc.total_size
                     written.append((msg_id, loc))
+                    self._cur_ids.append(msg_id)
                 j += 1
             error: OSError | None = None
             if written:
@@ -533,11 +535,14 @@ class MsgStore:
         if old in self._summary:
             s.left = old
             self._summary[old].right = number
-        # The old file's writes are complete: its bodies are read from disk from now on.
-        index = self._index
-        done = [m for m in self._cache if (loc := index.get(m)) is None or loc.file != PENDING]
-        for msg_id in done:
-            del self._cache[msg_id]
+        # The old file's writes are complete: its bodies are read from disk from now on. (An id
+        # removed and written again since is pending under a new location: keep that body.)
+        index, cache = self._index, self._cache
+        for msg_id in self._cur_ids:
+            loc = index.get(msg_id)
+            if loc is None or loc.file != PENDING:
+                cache.pop(msg_id, None)
+        self._cur_ids = []
         if old in self._summary and self._summary[old].valid_total_size == 0:
             self._delete_file(old)
         self._gc_next_check = 0
