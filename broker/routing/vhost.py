@@ -73,13 +73,16 @@ class VHost:
         if q is None:
             raise ChannelError(NOT_FOUND, f"no queue '{name}' {self._where()}")
         if q.exclusive_owner is not None and owner is not None and q.exclusive_owner is not owner:
-            raise ChannelError(
-                RESOURCE_LOCKED,
-                f"cannot obtain exclusive access to locked queue '{name}' {self._where()}. "
-                "It could be originally declared on another connection or the exclusive "
-                "property value does not match that of the original declaration.",
-            )
+            raise self._locked(name)
         return q
+
+    def _locked(self, name: str) -> ChannelError:
+        return ChannelError(
+            RESOURCE_LOCKED,
+            f"cannot obtain exclusive access to locked queue '{name}' {self._where()}. "
+            "It could be originally declared on another connection or the exclusive "
+            "property value does not match that of the original declaration.",
+        )
 
     # -- exchanges --------------------------------------------------------------------------
     def declare_exchange(
@@ -214,9 +217,11 @@ class VHost:
         existing = self.queues.get(name)
         if existing is not None:
             self.queue(name, owner)  # exclusivity check
+            if (existing.exclusive_owner is None) == exclusive:
+                # RabbitMQ's strict check_exclusive_access: a mismatch is 405, not 406
+                raise self._locked(name)
             for field, have, want in (
                 ("durable", existing.durable, durable),
-                ("exclusive", existing.exclusive_owner is not None, exclusive),
                 ("auto_delete", existing.auto_delete, auto_delete),
             ):
                 if have != want:

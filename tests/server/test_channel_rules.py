@@ -465,6 +465,22 @@ def test_exclusive_queue_is_locked_405(broker):
     other.close()
 
 
+def test_redeclare_with_other_exclusive_flag_is_405(broker):
+    """RabbitMQ's strict check_exclusive_access on redeclare: 405 RESOURCE_LOCKED, even for
+    the owner."""
+    c = client(broker.port)
+    excl, shared = uniq("q-was-excl"), uniq("q-was-shared")
+    declare_queue(c, excl, exclusive=True)
+    declare_queue(c, shared)
+    channel_error(c, commands.Queue.Declare(queue=excl), 405,
+                  "exclusive property value does not match")
+    channel_error(c, commands.Queue.Declare(queue=shared, exclusive=True), 405,
+                  "exclusive property value does not match")
+    declare_queue(c, excl, exclusive=True)  # the same flags: fine
+    call(c, commands.Queue.Delete(queue=shared), commands.Queue.DeleteOk)
+    c.close()
+
+
 def test_auto_delete_queue_goes_after_last_consumer_cancels(broker):
     c = client(broker.port)
     q = uniq("q-ad")
@@ -827,7 +843,7 @@ def test_tx_acks_take_effect_at_commit(broker):
     c = client(broker.port, channels=(1, 2))
     q = declare_queue(c, uniq("q-txack"))
     for i in range(3):
-        publish(c, "", q, b"t%d" % i, ch=2)
+        publish(c, "", q, b"t%d" % i)  # same channel as the gets: ordered
     tags = [get(c, q, no_ack=False)[0].delivery_tag for _ in range(3)]
     call(c, commands.Tx.Select(), commands.Tx.SelectOk)
     c.send_method(1, commands.Basic.Ack(delivery_tag=tags[0]))
