@@ -678,8 +678,11 @@ class MsgStore:
         try:
             plan = await self._in_thread(
                 compaction.prepare, self.directory, left, right, self._index, self.file_writer)
-        except OSError as e:
+        except Exception as e:  # OSError (full disk) or a bug: leave both files as they are
             self._log.error("compaction_failed", left=left, right=right, error=str(e))
+            # The left file is untouched, so a leftover copy must not be "redone" at a later
+            # start over whatever the left file holds by then.
+            compaction.compaction_path(self.directory, left).unlink(missing_ok=True)
             ls.locked = rs.locked = False
             for number, s in ((left, ls), (right, rs)):
                 if s.valid_total_size == 0 and number in self._summary:
@@ -691,7 +694,7 @@ class MsgStore:
         self._moving = (left, plan.prefix_end, plan.moving)
         try:
             await self._in_thread(compaction.apply, self.directory, plan, self.file_writer)
-        except OSError as e:
+        except Exception as e:
             # Reads keep working (moved bodies from memory, the right file is untouched); the
             # complete .hcmp lets the next start finish the job.
             self._log.error("compaction_stuck", left=left, right=right, error=str(e))

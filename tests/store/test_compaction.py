@@ -196,3 +196,20 @@ async def test_compaction_copy_failing_on_full_disk_leaves_files_alone(make_stor
     await store.gc_idle()
     assert store.stats()["compactions"] >= 1
     assert all(store.read(i) == body(i) for i in live)
+
+
+async def test_compaction_drops_a_live_record_that_fails_its_checksum(make_store) -> None:
+    store = await make_store(file_size_limit=LIMIT)
+    await fill(store, range(45))
+    victim = 6  # live, in file 1 past the prefix (1 and 2 are removed below)
+    loc = store._index[victim]
+    with open(store.directory / segment_name(1), "r+b") as f:
+        f.seek(loc.offset + 100)
+        f.write(b"\xff\xfe\xfd")
+    live = [i for i in range(45) if i % 3 == 0 or i >= 40]
+    store.remove_many(i for i in range(40) if i % 3)
+    await store.gc_idle()
+    assert store.stats()["compactions"] >= 1
+    assert not store.contains(victim)  # never served damaged
+    assert store.stats()["corrupt_records"] == 1
+    assert all(store.read(i) == body(i) for i in live if i != victim)

@@ -12,7 +12,7 @@ import pytest
 from conftest import FullDisk, RecordingClient, body
 
 from broker.store.msg_store import MsgStore
-from broker.store.segment import SEGMENT_SUFFIX
+from broker.store.segment import SEGMENT_SUFFIX, FileWriter
 
 
 def segment_files(directory: Path) -> list[Path]:
@@ -210,3 +210,30 @@ async def test_write_after_stop_is_refused(make_store, client) -> None:
     await store.stop()
     with pytest.raises(RuntimeError):
         store.write(1, b"x", client)
+
+
+class FailingFsync(FullDisk):
+    """The write reaches the page cache, the fsync fails (EIO after a lost write, ENOSPC on
+    some filesystems that allocate late)."""
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:
+        FileWriter.pwrite(self, fd, data, offset)
+
+
+async def test_failed_fsync_fails_the_batch_and_cuts_it_off(make_store, tmp_path: Path) -> None:
+    store = await make_store()
+    disk = FailingFsync()
+    store.file_writer = disk
+    c = RecordingClient()
+    store.write(1, body(1), c)
+    await store.sync()
+    size = sum(f.stat().st_size for f in segment_files(tmp_path / "store"))
+    disk.full = True
+    store.write(2, body(2), c)
+    await store.sync()
+    assert c.durable == [1] and c.failed == [2]
+    assert sum(f.stat().st_size for f in segment_files(tmp_path / "store")) == size
+    disk.full = False
+    store.write(3, body(3), c)
+    await store.sync()
+    assert c.durable == [1, 3] and store.read(3) == body(3) and not store.contains(2)
