@@ -20,9 +20,11 @@ from broker.store.msg_store_index import (
 )
 from broker.store.segment import (
     COMPACT_SUFFIX,
+    FILE_HEADER_SIZE,
     SEGMENT_SUFFIX,
     BadHeader,
     FileWriter,
+    encode_file_header,
     fsync_dir,
     parse_file_header,
     scan_records,
@@ -35,6 +37,7 @@ __all__ = [
     "SNAPSHOT",
     "Recovered",
     "RecoveryReport",
+    "is_torn_creation",
     "quarantine",
     "recover",
     "wipe",
@@ -138,6 +141,14 @@ def _sizes_match(directory: Path, summary: dict[int, FileSummary], numbers: list
     return True
 
 
+def is_torn_creation(data: bytes, number: int) -> bool:
+    """A file cut short while its header was being written (empty, a prefix of the header,
+    or zeros): not damage, just a roll the crash interrupted."""
+    if len(data) > FILE_HEADER_SIZE:
+        return False
+    return encode_file_header(number).startswith(data) or not any(data)
+
+
 def _scan_all(directory: Path, writer: FileWriter, log: Any, numbers: list[int]) -> Recovered:
     report = RecoveryReport(clean=False)
     report.compactions = tidy_up(directory, writer)
@@ -149,6 +160,11 @@ def _scan_all(directory: Path, writer: FileWriter, log: Any, numbers: list[int])
         path = directory / f"{number:08d}{SEGMENT_SUFFIX}"
         try:
             data = path.read_bytes()
+            if is_torn_creation(data, number):  # crashed while rolling to this new file
+                report.torn_bytes += len(data)
+                log.warning("torn_file_dropped", file=path.name, bytes=len(data))
+                path.unlink()
+                continue
             _, header_number = parse_file_header(data)
             if header_number != number:
                 raise BadHeader(f"header names file {header_number}")

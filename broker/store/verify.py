@@ -8,7 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.store.msg_store_index import SnapshotError, read_snapshot
-from broker.store.msg_store_recovery import CLEAN_MARKER, QUARANTINE_DIR, SNAPSHOT
+from broker.store.msg_store_recovery import (
+    CLEAN_MARKER,
+    QUARANTINE_DIR,
+    SNAPSHOT,
+    is_torn_creation,
+)
 from broker.store.segment import (
     COMPACT_SUFFIX,
     SEGMENT_SUFFIX,
@@ -76,6 +81,9 @@ def verify(directory: Path) -> VerifyReport:
             data = path.read_bytes()
         except OSError:
             report.unreadable.append(path.name)
+            continue
+        if is_torn_creation(data, number):
+            report.torn_tails.append((path.name, 0, len(data)))
             continue
         try:
             _, header_number = parse_file_header(data)

@@ -165,3 +165,18 @@ async def test_unreadable_segment_quarantined_while_running(make_store, tmp_path
     await again.stop()
     third = await make_store()
     assert third.last_report.clean and third.read(19) == body(19)
+
+
+async def test_new_file_torn_while_rolling_is_dropped_not_quarantined(make_store, tmp_path) -> None:
+    store = await filled(make_store, n=5)
+    await store.close_dirty()
+    d = tmp_path / "store"
+    (d / segment_name(2)).write_bytes(b"HSE")  # the crash hit while the header was written
+    (d / segment_name(3)).write_bytes(b"")
+    again = await make_store()
+    assert again.last_report.quarantined == []
+    assert sorted(i for i in range(5) if again.contains(i)) == [0, 1, 2, 3, 4]
+    c = RecordingClient()
+    again.write(9, body(9), c)
+    await again.sync()
+    assert again.read(9) == body(9)
