@@ -144,7 +144,7 @@ def _sizes_match(directory: Path, summary: dict[int, FileSummary], numbers: list
 def is_torn_creation(data: bytes, number: int) -> bool:
     """A file cut short while its header was being written (empty, a prefix of the header,
     or zeros): not damage, just a roll the crash interrupted."""
-    if len(data) > FILE_HEADER_SIZE:
+    if len(data) >= FILE_HEADER_SIZE:  # a whole header is an empty segment, not a torn one
         return False
     return encode_file_header(number).startswith(data) or not any(data)
 

@@ -59,3 +59,13 @@ async def test_verify_flags_a_stale_snapshot(make_store, tmp_path: Path) -> None
     assert report.snapshot == "stale" and not report.ok
     (d / SNAPSHOT).write_bytes(b"garbage")
     assert verify(d).snapshot == "invalid"
+
+
+async def test_store_with_only_an_empty_file_verifies_ok(make_store, tmp_path: Path) -> None:
+    d = tmp_path / "transient"
+    store = await make_store(d, transient=True)
+    await store.stop()
+    report = verify(d)
+    assert report.ok and report.segments == 1 and report.torn_tails == []
+    again = await make_store(d)  # and a start keeps it as the current file
+    assert again.last_report.torn_bytes == 0 and again.stats()["files"] == 1
