@@ -52,6 +52,7 @@ from broker.store.segment import (
 __all__ = ["FSYNC_POLICIES", "MessageUnreadable", "MsgStore", "RecoveryReport", "StoreClient"]
 
 FSYNC_POLICIES = ("always", "batch", "never")
+_MAX_CHUNK = 8 * 1024 * 1024  # bytes per pwrite + fsync: bounds the join and confirm latency
 _GC_RECHECK_DIVISOR = 16  # no pair found: look again once garbage grew by limit/16 bytes
 
 
@@ -408,8 +409,8 @@ class MsgStore:
             while j < n:
                 msg_id, loc, _, is_new = batch[j]
                 if is_new and loc.file == PENDING:
-                    if pos >= limit and written:
-                        break  # the rest goes to a new file
+                    if written and (pos >= limit or pos - start >= _MAX_CHUNK):
+                        break  # the rest goes to a new file, or to the next write + fsync
                     data = self._cache[msg_id]
                     parts.append(encode_record_header(msg_id, data))
                     parts.append(data)

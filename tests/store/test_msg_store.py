@@ -237,3 +237,15 @@ async def test_failed_fsync_fails_the_batch_and_cuts_it_off(make_store, tmp_path
     store.write(3, body(3), c)
     await store.sync()
     assert c.durable == [1, 3] and store.read(3) == body(3) and not store.contains(2)
+
+
+async def test_a_large_backlog_is_written_in_bounded_chunks(make_store) -> None:
+    store = await make_store(file_size_limit=64 * 1024 * 1024)
+    disk = FullDisk()
+    store.file_writer = disk
+    c = RecordingClient()
+    for i in range(9 * 1024):  # 9 MiB queued before the flusher runs once
+        store.write(i, body(i, 1000), c)
+    await store.sync()
+    assert len(c.durable) == 9 * 1024
+    assert c.calls == 2 and disk.fsyncs == 2  # two 8 MiB-bounded chunks, each fsynced
