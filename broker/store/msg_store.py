@@ -207,11 +207,15 @@ class MsgStore:
         self._wake.set()
         if self._flusher is not None:
             await self._flusher
-        await self._fsync_unsynced()
-        if not self.transient and not self._stuck:
-            await self._in_thread(self._write_clean_shutdown)
-        self._close_all()
-        self._state = _State.STOPPED
+        try:
+            await self._fsync_unsynced()
+            if not self.transient and not self._stuck:
+                # Copies taken on the loop: a late remove() must not change them mid-write.
+                await self._in_thread(self._write_clean_shutdown, dict(self._index),
+                                      dict(self._summary))
+        finally:  # without a marker, the next start is a dirty one: nothing is lost
+            self._close_all()
+            self._state = _State.STOPPED
         self._log.info("msg_store_stopped", messages=len(self._index))
 
     async def close_dirty(self) -> None:
@@ -244,8 +248,10 @@ class MsgStore:
         job.add_done_callback(self._in_flight.discard)
         return asyncio.wrap_future(job)
 
-    def _write_clean_shutdown(self) -> None:
-        write_snapshot(self.directory / SNAPSHOT, self._index, self._summary)
+    def _write_clean_shutdown(
+        self, index: dict[int, MsgLocation], summary: dict[int, FileSummary]
+    ) -> None:
+        write_snapshot(self.directory / SNAPSHOT, index, summary)
         fd = os.open(self.directory / CLEAN_MARKER, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.fsync(fd)
         os.close(fd)
