@@ -11,7 +11,7 @@ from pamqp import commands
 
 from broker.message import Message
 
-__all__ = ["EXPIRED", "MAXLEN", "REJECTED", "dead_letter"]
+__all__ = ["EXPIRED", "MAXLEN", "REJECTED", "dead_letter", "is_cycle"]
 
 REJECTED = "rejected"
 EXPIRED = "expired"
@@ -63,6 +63,24 @@ def dead_letter(
     out.exchange = dlx
     out.routing_key = dlrk if dlrk is not None else msg.routing_key
     return out
+
+
+def is_cycle(queue: str, deaths: list[Any]) -> bool:
+    """Whether dead-lettering a message with this x-death history (newest first) to `queue`
+    closes a fully automatic cycle: `queue` is in the history and no death since (inclusive)
+    was a rejection. RabbitMQ drops the message for such a queue rather than loop forever."""
+    for death in deaths:
+        if not isinstance(death, dict):
+            continue
+        if _text(death.get("reason")) == REJECTED:
+            return False
+        if _text(death.get("queue")) == queue:
+            return True
+    return False
+
+
+def _text(value: Any) -> Any:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 def _str_list(value: Any) -> list[str]:

@@ -21,6 +21,7 @@ from broker.protocol.constants import (
 )
 from broker.protocol.errors import ChannelError, ConnectionError_
 from broker.queue.amqqueue import AMQQueue
+from broker.queue.dead_letter import is_cycle
 from broker.routing.exchange import Exchange
 from broker.routing.router import route as route_through
 from broker.routing.router import routing_keys
@@ -344,8 +345,14 @@ class VHost:
             log.warning("dead-letter exchange missing", exchange=msg.exchange, vhost=self.name)
             return 0
         queues = self.route(ex, msg)
+        deaths = msg.headers.get("x-death") or []
         n = 0
         for q in queues:
+            if is_cycle(q.name, deaths):
+                log.warning(
+                    "message dropped: dead-letter cycle detected", queue=q.name, vhost=self.name
+                )
+                continue
             q.post_publishes(None, [(msg, 0)])
             n += 1
         return n

@@ -386,3 +386,51 @@ def test_x_death_counts_repeated_rejections(broker):
     ]
     assert text(props.headers["x-first-death-queue"]) == q
     c.close()
+
+
+# -- dead-letter cycles -------------------------------------------------------------------------
+def _stays_empty(c: RawClient, queues: list[str], timeout: float = 3.0) -> None:
+    """All queues empty, and still empty after a few more TTLs (a cycle would refill them)."""
+    deadline = time.monotonic() + timeout
+    while any(count(c, q) for q in queues):
+        assert time.monotonic() < deadline, "the message never went"
+        time.sleep(0.02)
+    for _ in range(5):
+        time.sleep(0.05)
+        assert not any(count(c, q) for q in queues), "the message came back: a cycle"
+
+
+def test_expired_message_dead_lettered_to_its_own_queue_is_dropped(broker):
+    """A queue dead-lettering to the default exchange with no routing key sends a message
+    back to itself: without a rejection in the cycle RabbitMQ drops it."""
+    c = client(broker.port)
+    q = declare(c, uniq("self-cycle"), **{"x-message-ttl": 30, "x-dead-letter-exchange": ""})
+    publish(c, "", q, b"round and round")
+    _stays_empty(c, [q])
+    c.close()
+
+
+def test_expiry_cycle_between_two_queues_is_dropped_after_one_lap(broker):
+    c = client(broker.port)
+    a, b = uniq("cycle-a"), uniq("cycle-b")
+    declare(c, a, **{"x-message-ttl": 30, "x-dead-letter-exchange": "",
+                     "x-dead-letter-routing-key": b})
+    declare(c, b, **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": a})
+    publish(c, "", a, b"one lap")
+    _, props, body = wait_get(c, b)  # b has no TTL: the message waits there after a's expiry
+    assert body == b"one lap"
+    assert [(text(d["queue"]), text(d["reason"])) for d in props.headers["x-death"]] == [
+        (a, "expired")]
+    c.close()
+
+
+def test_expiry_cycle_of_two_ttl_queues_ends(broker):
+    c = client(broker.port)
+    a, b = uniq("ttl-cycle-a"), uniq("ttl-cycle-b")
+    declare(c, a, **{"x-message-ttl": 30, "x-dead-letter-exchange": "",
+                     "x-dead-letter-routing-key": b})
+    declare(c, b, **{"x-message-ttl": 30, "x-dead-letter-exchange": "",
+                     "x-dead-letter-routing-key": a})
+    publish(c, "", a, b"a to b, then dropped")
+    _stays_empty(c, [a, b])
+    c.close()
