@@ -136,6 +136,11 @@ async def _publisher(pipe: Connection, spec: PublisherSpec) -> dict[str, Any]:
         t_start = time.monotonic_ns()
         await _publish(client, batch, spec, deadline)
         t_written = time.monotonic_ns()
+        # A round trip on the publishing channel: its reply comes after the broker has taken
+        # every publish before it. Without it, a close could time out while MBs of publishes
+        # still sit in socket buffers, and the process would exit with them unsent.
+        left = max(1.0, deadline - time.monotonic())
+        await client.rpc(1, commands.Basic.Qos(prefetch_count=0), timeout=left)
         confirms = client.scanner.confirms
         if spec.confirms:
             while confirms.settled < spec.count:
