@@ -602,6 +602,40 @@ def test_queue_delete_if_unused_if_empty(broker):
     c.close()
 
 
+def test_nowait_methods_get_no_reply(broker):
+    c = client(broker.port)
+    x, q = uniq("x-nowait"), uniq("q-nowait")
+    for method in (
+        commands.Exchange.Declare(exchange=x, exchange_type="direct", nowait=True),
+        commands.Queue.Declare(queue=q, exclusive=True, nowait=True),
+        commands.Queue.Bind(queue=q, exchange=x, routing_key="k", nowait=True),
+        commands.Basic.Consume(queue=q, consumer_tag="nw", no_ack=True, nowait=True),
+        commands.Confirm.Select(nowait=True),
+    ):
+        c.send_method(1, method)
+    publish(c, x, "k", b"via nowait bindings")
+    seen = []  # nothing but the delivery and its confirm, in either order
+    while len(seen) < 2:
+        m = c.recv_frame()[1]
+        if isinstance(m, commands.Basic.Deliver):
+            assert m.consumer_tag == "nw" and read_content(c)[1] == b"via nowait bindings"
+            seen.append("deliver")
+        else:
+            assert isinstance(m, commands.Basic.Ack) and m.delivery_tag == 1, m
+            seen.append("ack")
+    assert sorted(seen) == ["ack", "deliver"]
+    for method in (
+        commands.Basic.Cancel(consumer_tag="nw", nowait=True),
+        commands.Queue.Purge(queue=q, nowait=True),
+        commands.Queue.Delete(queue=q, nowait=True),
+        commands.Exchange.Delete(exchange=x, nowait=True),
+    ):
+        c.send_method(1, method)
+    call(c, commands.Basic.Qos(prefetch_count=1), commands.Basic.QosOk)  # the very next frame
+    channel_error(c, commands.Exchange.Declare(exchange=x, passive=True), 404)
+    c.close()
+
+
 # -- consumers ----------------------------------------------------------------------------------
 def test_consume_exclusive_when_others_consume_is_403(broker):
     c = client(broker.port, channels=(1, 2))
