@@ -10,9 +10,20 @@ import uvloop
 from broker.perf.report import dumps, format_report
 from broker.perf.scenarios import SCENARIOS, run_scenario
 
-__all__ = ["DEFAULT_URL", "main"]
+__all__ = ["DEFAULT_URL", "add_wait_quiet", "main"]
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+def add_wait_quiet(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="before each run wait up to S seconds for other processes to go quiet "
+        "(under 0.2 cores; needs --pid to tell the broker apart)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rate", type=float, default=5000.0, help="latency: msg/s (5000)")
     parser.add_argument("--quick", action="store_true", help="small default counts")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_wait_quiet(parser)
     return parser
 
 
@@ -47,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             pid=args.pid,
             quick=args.quick,
             rate=args.rate,
+            wait_quiet_s=args.wait_quiet,
         )
     )
     print(dumps([report]) if args.json else format_report(report))

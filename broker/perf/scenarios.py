@@ -32,7 +32,7 @@ from broker.perf.workers import (
     publisher_main,
 )
 
-__all__ = ["SCENARIOS", "Params", "Report", "Scenario", "run_scenario"]
+__all__ = ["QUIET_CORES", "SCENARIOS", "Params", "Report", "Scenario", "run_scenario", "wait_quiet"]
 
 # spawn, not fork: the caller may be inside a running event loop (pytest, the broker's own
 # tests), and a forked child would inherit that loop's state
@@ -273,6 +273,22 @@ def _others_busy(
         return {}
     wall, busy, broker, ours = (a - b for a, b in zip(after, before, strict=True))
     return {"others_cpu": max(0.0, (busy - broker - ours) / max(wall, 1e-9))}
+
+
+QUIET_CORES = 0.2
+
+
+async def wait_quiet(pid: int | None, limit_s: float) -> float:
+    """Wait until other processes used under QUIET_CORES for one second, or `limit_s` has
+    passed; returns what they used in the last second. On a shared machine this keeps a
+    colleague's test run out of the figures."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        before = _cpu_snapshot(pid)
+        await asyncio.sleep(1.0)
+        others = _others_busy(before, _cpu_snapshot(pid)).get("others_cpu", 0.0)
+        if others < QUIET_CORES or time.monotonic() >= deadline:
+            return others
 
 
 async def _settled_rss(pid: int) -> int:
@@ -558,9 +574,11 @@ async def run_scenario(
     pid: int | None = None,
     quick: bool = False,
     rate: float = 5000.0,
+    wait_quiet_s: float = 0.0,
 ) -> Report:
     """Run a scenario `runs` times and keep per-figure medians. For `idle`, count is the
-    number of connections."""
+    number of connections. With `wait_quiet_s`, each run first waits (at most that long) for
+    a second in which other processes keep less than QUIET_CORES busy."""
     scenario = SCENARIOS[name]
     n = count if count is not None else (scenario.quick_count if quick else scenario.count)
     params = Params(
@@ -577,6 +595,8 @@ async def run_scenario(
         params={"count": params.count, "size": params.size, "runs": runs, "pid": pid},
     )
     for _ in range(max(1, runs)):
+        if wait_quiet_s > 0:
+            await wait_quiet(pid, wait_quiet_s)
         before = _cpu_snapshot(pid)
         try:
             figures = await scenario.run(params)

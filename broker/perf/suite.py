@@ -11,7 +11,7 @@ import sys
 
 import uvloop
 
-from broker.perf.cli import DEFAULT_URL
+from broker.perf.cli import DEFAULT_URL, add_wait_quiet
 from broker.perf.report import format_report, format_table, to_json
 from broker.perf.scenarios import SCENARIOS, Report, run_scenario
 
@@ -26,6 +26,7 @@ async def run_suite(
     scenarios: list[str] | None = None,
     counts: dict[str, int] | None = None,
     verbose: bool = False,
+    wait_quiet_s: float = 0.0,
 ) -> list[list[Report]]:
     """reports[u][s] for URL u and scenario s. `counts` overrides a scenario's count."""
     pids = pids or [None] * len(urls)
@@ -36,7 +37,13 @@ async def run_suite(
         reports = []
         for name in names:
             report = await run_scenario(
-                name, url, count=counts.get(name), runs=runs, pid=pid, quick=quick
+                name,
+                url,
+                count=counts.get(name),
+                runs=runs,
+                pid=pid,
+                quick=quick,
+                wait_quiet_s=wait_quiet_s,
             )
             if verbose:
                 print(format_report(report), flush=True)
@@ -53,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=1, help="repeat and report medians")
     parser.add_argument("--only", action="append", choices=sorted(SCENARIOS), help="repeatable")
     parser.add_argument("--out", help="also write the reports as JSON to this file")
+    add_wait_quiet(parser)
     args = parser.parse_args(argv)
     urls = args.url or [DEFAULT_URL]
     pids: list[int | None] = list(args.pid or [])
@@ -60,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("more --pid than --url")
     pids += [None] * (len(urls) - len(pids))
     only = [name for name in SCENARIOS if name in args.only] if args.only else None
-    results = uvloop.run(run_suite(urls, pids, args.quick, args.runs, only, verbose=True))
+    results = uvloop.run(
+        run_suite(
+            urls, pids, args.quick, args.runs, only, verbose=True, wait_quiet_s=args.wait_quiet
+        )
+    )
     print()
     print(format_table(results))
     if args.out:
