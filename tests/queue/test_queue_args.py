@@ -134,6 +134,25 @@ def test_requeued_message_past_its_ttl_is_dead_lettered_not_redelivered(broker):
     c.close()
 
 
+def test_message_ttl_expires_messages_waiting_behind_prefetch(broker):
+    c = client(broker.port)
+    _, dlq, q = dl_setup(c, **{"x-message-ttl": 100})
+    call(c, commands.Basic.Qos(prefetch_count=1), commands.Basic.QosOk)
+    call(c, commands.Basic.Consume(queue=q, consumer_tag="busy"), commands.Basic.ConsumeOk)
+    for i in range(3):
+        publish(c, "", q, b"w%d" % i)
+    d = c.expect(commands.Basic.Deliver, 1)
+    assert read_content(c)[1] == b"w0"
+    # w1 and w2 wait behind the prefetch window and expire there
+    expired = [wait_get(c, dlq)[2], wait_get(c, dlq)[2]]
+    assert expired == [b"w1", b"w2"]
+    c.send_method(1, commands.Basic.Ack(delivery_tag=d.delivery_tag))
+    publish(c, "", q, b"w3")
+    d = c.expect(commands.Basic.Deliver, 1)
+    assert read_content(c)[1] == b"w3"
+    c.close()
+
+
 def test_message_ttl_not_delivered_to_late_consumer(broker):
     c = client(broker.port)
     q = declare(c, uniq("ttl-late"), **{"x-message-ttl": 50})
