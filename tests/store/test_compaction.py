@@ -9,7 +9,7 @@ import errno
 import threading
 from pathlib import Path
 
-from conftest import FullDisk, RecordingClient, body
+from msg_store_helpers import FullDisk, RecordingClient, body
 
 from broker.store.segment import COMPACT_SUFFIX, SEGMENT_SUFFIX, FileWriter, segment_name
 

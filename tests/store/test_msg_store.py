@@ -9,7 +9,7 @@ import errno
 from pathlib import Path
 
 import pytest
-from conftest import FullDisk, RecordingClient, body
+from msg_store_helpers import FullDisk, RecordingClient, body
 
 from broker.store.msg_store import MsgStore
 from broker.store.segment import SEGMENT_SUFFIX, FileWriter

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import body
+from msg_store_helpers import body
 
 from broker.store.msg_store import MsgStore
 

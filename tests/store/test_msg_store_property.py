@@ -7,9 +7,9 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from conftest import RecordingClient, body
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from msg_store_helpers import RecordingClient, body
 
 from broker.store.msg_store import MsgStore
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import RecordingClient, body
+from msg_store_helpers import RecordingClient, body
 
 from broker.store.msg_store import MessageUnreadable
 from broker.store.msg_store_recovery import CLEAN_MARKER, QUARANTINE_DIR, SNAPSHOT

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from conftest import RecordingClient, body
+from msg_store_helpers import RecordingClient, body
 
 from broker.store import verify
 from broker.store.msg_store_recovery import SNAPSHOT
