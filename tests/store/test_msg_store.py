@@ -249,3 +249,19 @@ async def test_a_large_backlog_is_written_in_bounded_chunks(make_store) -> None:
     await store.sync()
     assert len(c.durable) == 9 * 1024
     assert c.calls == 2 and disk.fsyncs == 2  # two 8 MiB-bounded chunks, each fsynced
+
+
+async def test_sync_under_never_fsyncs_every_file_written(make_store) -> None:
+    store = await make_store(file_size_limit=3000, fsync="never")
+    disk = FullDisk()
+    store.file_writer = disk
+    c = RecordingClient()
+    for i in range(9):  # three files' worth, none fsynced
+        store.write(i, body(i), c)
+    while len(c.durable) < 9:
+        await asyncio.sleep(0)
+    assert disk.fsyncs == 0 and store.stats()["files"] == 3
+    await store.sync()
+    assert disk.fsyncs == 3  # the rolled-out files too, not only the current one
+    await store.sync()
+    assert disk.fsyncs == 3  # nothing new written: nothing to fsync
