@@ -172,6 +172,7 @@ class MsgStore:
             self._cur_file, self._cur_size = last, self._summary[last].file_size
             self._cur_fd = os.open(self.directory / segment_name(last), os.O_RDWR)
         else:
+            self._cur_file = last or 0  # so the new file is linked on its right
             await self._roll()
         report.messages, report.files = len(self._index), len(self._summary)
         self._state = _State.RUNNING

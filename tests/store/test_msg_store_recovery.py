@@ -194,3 +194,12 @@ async def test_clean_start_does_not_scan(make_store, tmp_path: Path) -> None:
     assert again.contains(3)  # the snapshot's word is taken...
     with pytest.raises(MessageUnreadable):
         again.read(3)  # ...and the read's CRC check still catches the damage
+
+
+async def test_start_after_a_full_last_file_links_the_new_one(make_store) -> None:
+    store = await filled(make_store, n=6, file_size_limit=3000)  # files 1, 2 full
+    await store.stop()
+    again = await make_store(file_size_limit=3000)
+    summary = again._summary
+    assert again.stats()["current_file"] == 3
+    assert summary[2].right == 3 and summary[3].left == 2
