@@ -122,6 +122,16 @@ class VHost:
                         f"inequivalent arg '{field}' for exchange '{name}' {self._where()}: "
                         f"received '{_fmt(want)}' but current is '{_fmt(have)}'",
                     )
+            # RabbitMQ compares one argument of an exchange: its alternate exchange
+            have_ae = existing.arguments.get("alternate-exchange")
+            want_ae = (arguments or {}).get("alternate-exchange")
+            if _text(have_ae) != _text(want_ae):
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"inequivalent arg 'alternate-exchange' for exchange '{name}' "
+                    f"{self._where()}: received {_fmt_arg(_text(want_ae))} but current is "
+                    f"{_fmt_arg(_text(have_ae))}",
+                )
             return existing
         try:
             ex = Exchange(
@@ -372,6 +382,10 @@ def _fmt(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def _text(value: object) -> object:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 def _fmt_arg(value: object) -> str:

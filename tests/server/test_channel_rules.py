@@ -148,6 +148,13 @@ def test_exchange_redeclare_inequivalent_is_406(broker):
     # passive ignores the other fields
     call(c, commands.Exchange.Declare(exchange=x, exchange_type="topic", passive=True),
          commands.Exchange.DeclareOk)
+    # of the arguments, RabbitMQ compares the alternate exchange only
+    channel_error(c, commands.Exchange.Declare(exchange=x, exchange_type="direct",
+                                               auto_delete=True,
+                                               arguments={"alternate-exchange": "ae"}),
+                  406, "inequivalent arg 'alternate-exchange'")
+    call(c, commands.Exchange.Declare(exchange=x, exchange_type="direct", auto_delete=True,
+                                      arguments={"x-other": 1}), commands.Exchange.DeclareOk)
     call(c, commands.Exchange.Delete(exchange=x), commands.Exchange.DeleteOk)
     c.close()
 
