@@ -23,7 +23,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.store.msg_store_index import MsgLocation
+from broker.store.msg_store_index import FileSummary, MsgLocation
 from broker.store.segment import (
     COMPACT_SUFFIX,
     FILE_HEADER_SIZE,
@@ -39,12 +39,33 @@ from broker.store.segment import (
     segment_name,
 )
 
-__all__ = ["CompactionPlan", "apply", "compaction_path", "prepare", "tidy_up"]
+__all__ = ["CompactionPlan", "apply", "compaction_path", "pick_pair", "prepare", "tidy_up"]
 
 _CMP_MAGIC = b"HCMP"
 _CMP_EXTRA = struct.Struct(">QQ")  # right file, prefix end
 _CMP_HEADER_SIZE = FILE_HEADER_SIZE + _CMP_EXTRA.size
 _COMMIT = struct.Struct(">IQ")  # record count, bytes of records
+
+
+def pick_pair(
+    summary: dict[int, FileSummary], current: int, file_size_limit: int
+) -> tuple[int, int] | None:
+    """The leftmost two neighbouring files, neither current nor locked, whose live data fits in
+    one file and that hold some garbage. Left first, so data keeps moving left and a message is
+    rewritten a bounded number of times."""
+    limit = file_size_limit - FILE_HEADER_SIZE
+    for left in sorted(summary):
+        ls = summary[left]
+        right = ls.right
+        if right is None or current in (left, right):
+            continue
+        rs = summary[right]
+        if ls.locked or rs.locked or ls.valid_total_size + rs.valid_total_size > limit:
+            continue
+        holes = ls.file_size + rs.file_size - ls.valid_total_size - rs.valid_total_size
+        if holes > 2 * FILE_HEADER_SIZE:  # the headers are not garbage
+            return left, right
+    return None
 
 
 def compaction_path(directory: Path, left: int) -> Path:

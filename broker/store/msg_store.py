@@ -647,21 +647,7 @@ class MsgStore:
         self._gc_next_check = garbage + self.file_size_limit // _GC_RECHECK_DIVISOR
 
     def _pick_pair(self) -> tuple[int, int] | None:
-        """The leftmost two neighbouring non-current, unlocked files whose live data fits in
-        one file, with garbage in at least one of them."""
-        limit = self.file_size_limit - FILE_HEADER_SIZE
-        for left in sorted(self._summary):
-            ls = self._summary[left]
-            right = ls.right
-            if right is None or right == self._cur_file or left == self._cur_file:
-                continue
-            rs = self._summary[right]
-            if ls.locked or rs.locked or ls.valid_total_size + rs.valid_total_size > limit:
-                continue
-            garbage = ls.file_size + rs.file_size - ls.valid_total_size - rs.valid_total_size
-            if garbage > FILE_HEADER_SIZE:
-                return left, right
-        return None
+        return compaction.pick_pair(self._summary, self._cur_file, self.file_size_limit)
 
     async def _gc_loop(self) -> None:
         try:

@@ -213,3 +213,23 @@ async def test_compaction_drops_a_live_record_that_fails_its_checksum(make_store
     assert not store.contains(victim)  # never served damaged
     assert store.stats()["corrupt_records"] == 1
     assert all(store.read(i) == body(i) for i in live if i != victim)
+
+
+def test_pick_pair_takes_the_leftmost_fitting_pair_and_skips_current_and_locked() -> None:
+    from broker.store.compaction import pick_pair
+    from broker.store.msg_store_index import FileSummary, link_neighbours
+
+    def files(*specs: tuple[int, int, bool]) -> dict[int, FileSummary]:
+        out = {}
+        for n, (valid, size, locked) in enumerate(specs, start=1):
+            out[n] = FileSummary(valid, size)
+            out[n].locked = locked
+        link_neighbours(out)
+        return out
+
+    full, half, tiny = (9000, 9016, False), (4000, 9016, False), (100, 9016, False)
+    assert pick_pair(files(full, half, tiny, half), 4, LIMIT) == (2, 3)
+    assert pick_pair(files(half, half, tiny), 3, LIMIT) == (1, 2)
+    assert pick_pair(files(half, (4000, 9016, True), tiny, tiny), 4, LIMIT) is None  # 2 locked
+    assert pick_pair(files(full, full, tiny), 3, LIMIT) is None  # nothing fits, 3 is current
+    assert pick_pair(files((100, 116, False), (100, 116, False), tiny), 3, LIMIT) is None
