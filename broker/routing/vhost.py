@@ -101,7 +101,9 @@ class VHost:
             if name == "":
                 return self.default_exchange
             return self.exchange(name)
-        if name == "" or name.startswith("amq."):
+        if name == "":
+            self._not_default(self.default_exchange)  # RabbitMQ: 403, even as it is
+        if name.startswith("amq."):
             if name in self.exchanges and self.exchanges[name].type == type_:
                 return self.exchanges[name]
             raise ChannelError(

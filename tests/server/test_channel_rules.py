@@ -169,6 +169,13 @@ def test_exchange_reserved_prefix_is_403(broker):
                                       durable=True), commands.Exchange.DeclareOk)
     call(c, commands.Exchange.Declare(exchange="amq.topic", passive=True),
          commands.Exchange.DeclareOk)
+    # the default exchange cannot be declared, deleted or bound, as RabbitMQ
+    channel_error(c, commands.Exchange.Declare(exchange="", exchange_type="direct",
+                                               durable=True),
+                  403, "default exchange")
+    channel_error(c, commands.Exchange.Delete(exchange=""), 403)
+    channel_error(c, commands.Exchange.Bind(destination="amq.fanout", source=""), 403,
+                  "default exchange")
     c.close()
 
 
