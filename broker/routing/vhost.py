@@ -101,6 +101,8 @@ class VHost:
             if name == "":
                 return self.default_exchange
             return self.exchange(name)
+        if type_ not in Exchange._types:  # RabbitMQ checks the type before anything else
+            raise ConnectionError_(COMMAND_INVALID, f"unknown exchange type '{type_}'")
         if name == "":
             self._not_default(self.default_exchange)  # RabbitMQ: 403, even as it is
         if name.startswith("amq."):

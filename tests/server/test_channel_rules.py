@@ -183,7 +183,11 @@ def test_exchange_unknown_type_is_503_connection_error(broker):
     c = client(broker.port)
     connection_error(c, commands.Exchange.Declare(exchange=uniq("x-type"),
                                                   exchange_type="no-such-type"),
-                     503, "no-such-type")
+                     503, "unknown exchange type 'no-such-type'")
+    # checked before anything else, even for an existing exchange
+    c = client(broker.port)
+    connection_error(c, commands.Exchange.Declare(exchange="amq.direct", exchange_type="nope"),
+                     503, "unknown exchange type 'nope'")
     roundtrip_ok(broker.port)
 
 
