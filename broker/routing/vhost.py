@@ -224,7 +224,9 @@ class VHost:
             return q
         if not name:
             name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
-        elif name.startswith("amq."):
+        elif name.startswith("amq.") and name not in self.queues:
+            # only a new queue is refused: RabbitMQ lets an existing server-named queue be
+            # redeclared by name
             raise ChannelError(
                 ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'"
             )

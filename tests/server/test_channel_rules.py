@@ -433,6 +433,10 @@ def test_queue_server_named_and_passive(broker):
                           "no queue 'no-such-q' in vhost '/'")
     assert (close.class_id, close.method_id) == (50, 10)
     channel_error(c, commands.Queue.Declare(queue="amq.mine"), 403, "amq.")
+    # an existing server-named queue may be redeclared by name (RabbitMQ checks the prefix
+    # only when it creates a queue)
+    ok = call(c, commands.Queue.Declare(queue=name, exclusive=True), commands.Queue.DeclareOk)
+    assert ok.queue == name
     c.close()
 
 
