@@ -33,7 +33,7 @@ class Permissions:
 
     @classmethod
     def of(cls, configure: str, write: str, read: str) -> Permissions:
-        # RabbitMQ treats "" as "matches nothing"; re.fullmatch of "" would match only "".
+        # RabbitMQ treats "" as "matches nothing"; a search for "" would match everything.
         return cls(_compile(configure), _compile(write), _compile(read),
                    (configure, write, read))
 

@@ -217,14 +217,16 @@ class VHost:
         auto_delete: bool = False,
         arguments: dict[str, Any] | None = None,
         owner: object | None = None,
+        server_named: bool = False,
     ) -> AMQQueue:
+        """`server_named`: `name` was generated for a queue.declare with an empty name."""
         if passive:
             q = self.queue(name, owner)
             q.touch()
             return q
         if not name:
             name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
-        elif name.startswith("amq.") and name not in self.queues:
+        elif name.startswith("amq.") and name not in self.queues and not server_named:
             # only a new queue is refused: RabbitMQ lets an existing server-named queue be
             # redeclared by name
             raise ChannelError(

@@ -230,7 +230,8 @@ class Channel:
         perms = self.reader.permissions
         pattern: re.Pattern[str] | None = getattr(perms, kind) if perms else None
         resource = name or "amq.default"
-        if pattern is None or not pattern.fullmatch(resource):
+        # an unanchored search, as RabbitMQ's re:run: "^app\\." allows "app.orders"
+        if pattern is None or not pattern.search(resource):
             raise ChannelError(
                 ACCESS_REFUSED,
                 f"access to {what} '{resource}' in vhost '{self.vhost.name}' refused for "
@@ -292,10 +293,15 @@ class Channel:
 
     # -- queues -----------------------------------------------------------------------------
     def _queue_declare(self, m: commands.Queue.Declare) -> None:
-        if not m.passive and m.queue:
-            self._check("configure", "queue", m.queue)
+        name = m.queue
+        server_named = not m.passive and not name
+        if server_named:
+            name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+        if not m.passive:  # RabbitMQ checks a server-named queue's generated name too
+            self._check("configure", "queue", name)
         q = self.vhost.declare_queue(
-            m.queue,
+            name,
+            server_named=server_named,
             passive=m.passive,
             durable=m.durable,
             exclusive=m.exclusive,

@@ -1029,7 +1029,10 @@ def perms_broker(broker_factory, tmp_path):
     config.write_text(
         '[[users]]\nname = "app"\npassword = "pw"\n\n'
         '[[permissions]]\nuser = "app"\nvhost = "/"\nconfigure = "^(app|amq\\\\.gen).*"\n'
-        'write = "^(app|amq\\\\.gen).*"\nread = "^(app|amq\\\\.gen).*"\n'
+        'write = "^(app|amq\\\\.gen).*"\nread = "^(app|amq\\\\.gen).*"\n\n'
+        '[[users]]\nname = "narrow"\npassword = "pw"\n\n'
+        '[[permissions]]\nuser = "narrow"\nvhost = "/"\nconfigure = "^app"\nwrite = ".*"\n'
+        'read = ".*"\n'
     )
     return broker_factory(args=["--config", str(config)]).start()
 
@@ -1066,6 +1069,21 @@ def test_publish_with_write_denied_is_403(perms_broker):
     channel_error(c, commands.Queue.Delete(queue="locked-q"), 403, "access to queue 'locked-q'")
     c.close()
     admin.close()
+
+
+def test_server_named_queue_needs_configure_permission_on_its_name(perms_broker):
+    """RabbitMQ checks the generated amq.gen-* name against the configure pattern."""
+    narrow = client(perms_broker.port, user="narrow", password="pw")
+    channel_error(narrow, commands.Queue.Declare(queue="", exclusive=True), 403,
+                  "access to queue 'amq.gen-")
+    # the pattern is searched, not matched whole, as RabbitMQ: "^app" allows "app-q"
+    assert declare_queue(narrow, "app-q", exclusive=True) == "app-q"
+    channel_error(narrow, commands.Queue.Declare(queue="my-app-q"), 403,
+                  "access to queue 'my-app-q'")
+    narrow.close()
+    app = client(perms_broker.port, user="app", password="pw")
+    assert declare_queue(app, exclusive=True).startswith("amq.gen-")
+    app.close()
 
 
 # -- aio-pika ----------------------------------------------------------------------------------
