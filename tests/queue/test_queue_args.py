@@ -7,6 +7,7 @@ import datetime
 import itertools
 import time
 
+import pytest
 from pamqp import commands
 from pamqp import header as pheader
 from pamqp.body import ContentBody
@@ -245,6 +246,26 @@ def test_x_expires_deletes_unused_queue(broker):
     c.send_method(2, commands.Basic.Cancel(consumer_tag="keep"))
     c.expect(commands.Basic.CancelOk, 2)
     call(c, commands.Queue.Delete(queue=busy), commands.Queue.DeleteOk)
+    c.close()
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"x-message-ttl": -1},
+        {"x-message-ttl": "60000"},
+        {"x-max-length": -1},
+        {"x-max-length-bytes": -5},
+        {"x-overflow": "drop-tail"},
+        {"x-dead-letter-routing-key": "k"},  # without x-dead-letter-exchange
+    ],
+)
+def test_invalid_queue_arguments_are_406(broker, arguments):
+    c = client(broker.port)
+    c.send_method(1, commands.Queue.Declare(queue=uniq("bad-args"), arguments=arguments))
+    close = c.expect(commands.Channel.Close, 1)
+    assert close.reply_code == 406
+    assert next(iter(arguments)) in close.reply_text
     c.close()
 
 
