@@ -9,13 +9,15 @@ contents."""
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from broker.queue.amqqueue import AMQQueue
-from broker.queue.durability import QueueDurability
+from broker.queue.durability import LazyIndex, QueueDurability
+from broker.queue.variable_queue import VariableQueue
 from broker.routing.exchange import Exchange
 from broker.store.definitions import (
     BindingDef,
@@ -42,6 +44,8 @@ class Durable:
         root = Path(s.data_dir)
         self.root = root
         self.queues_root = root / "queues"
+        self.transient_root = root / "transient_queues"
+        self._transient_ids = 0
         self.definitions = Definitions(root / "definitions.sqlite")
         common: dict[str, Any] = {
             "file_size_limit": s.msg_store_file_size_limit,
@@ -65,6 +69,7 @@ class Durable:
             # an index whose queue is gone (deleted, then a crash) must not keep bodies alive
             keep = [self.queue_dir(qd.vhost, qd.name) for qd in self.definitions.queues()]
             remove_orphans(self.queues_root, keep)
+            shutil.rmtree(self.transient_root, ignore_errors=True)  # pages of a past run
             await self.persistent.start(refs=lambda: msg_refs(self.queues_root))
             await self.transient.start()
             self._restore_topology()
@@ -134,19 +139,40 @@ class Durable:
         log.info("definitions restored", exchanges=len(db.exchanges()),
                  queues=len(db.queues()), bindings=len(db.bindings()), messages=recovered)
 
-    # -- durable queues ---------------------------------------------------------------------
+    # -- queues -----------------------------------------------------------------------------
     def queue_dir(self, vhost: str, name: str) -> Path:
         digest = hashlib.sha256(f"{vhost}\0{name}".encode()).hexdigest()[:32]
         return self.queues_root / digest
 
     def attach(self, q: AMQQueue) -> None:
+        """Give a queue its variable queue and disk side. Durable queues keep their index
+        under queues/ (recovered at start); the others page into transient_queues/ (wiped at
+        start) and the transient store."""
         s = self.node.settings
-        index = QueueIndex(
-            self.queue_dir(q.vhost.name, q.name),
-            embed_below=s.queue_index_embed_msgs_below,
-            segment_entries=s.queue_index_segment_entries,
+        persistent = _persisted(q)
+        if persistent:
+            directory = self.queue_dir(q.vhost.name, q.name)
+        else:
+            self._transient_ids += 1
+            directory = self.transient_root / f"{self._transient_ids:x}"
+        embed = s.queue_index_embed_msgs_below
+        segment = s.queue_index_segment_entries
+        index = LazyIndex(
+            lambda: QueueIndex(directory, embed_below=embed, segment_entries=segment), embed
         )
-        q.durability = QueueDurability(q, index, self.persistent, str(s.fsync))
+        durability = QueueDurability(
+            q, index, self.persistent, persistent=persistent, fsync=str(s.fsync)
+        )
+        q.durability = durability
+        q.bq = VariableQueue(
+            self.persistent if persistent else self.transient,
+            index,
+            transient_store=self.transient,
+            durable=persistent,
+            client=durability if persistent else None,
+            segment_entries=segment,
+            embed_transient=not persistent,
+        )
 
     # -- changes from the vhosts ------------------------------------------------------------
     def changed(self, vhost: str, what: str, obj: Any) -> None:
@@ -180,8 +206,8 @@ class Durable:
                 db.delete_binding(bd)
 
     def new_queue(self, q: AMQQueue) -> None:
-        """A queue was declared: durable, non-exclusive ones get their index."""
-        if _persisted(q) and q.durability is None:
+        """A queue was declared: give it its backing queue."""
+        if q.durability is None:
             self.attach(q)
 
     def vhost_added(self, vhost: VHost) -> None:

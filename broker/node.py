@@ -15,6 +15,7 @@ from broker.durable import Durable
 from broker.flow.alarm import Alarms
 from broker.flow.disk_monitor import DiskMonitor
 from broker.flow.memory_monitor import MemoryMonitor
+from broker.flow.memory_pressure import QueueLoad, ram_targets
 from broker.protocol.constants import CONNECTION_FORCED
 from broker.routing.vhost import VHost
 from broker.server.listener import start_listeners
@@ -130,11 +131,13 @@ class Node:
             conn.on_alarm(active)
 
     def _memory_pressure(self, fraction: float) -> None:
-        """The memory monitor's share of RAM messages queues should keep (1.0: all)."""
+        """The memory monitor's share of RAM messages to keep (1.0: all), turned into a RAM
+        target per queue, shared by message rate (rabbit_memory_monitor's job)."""
         self.ram_fraction = fraction
-        for vhost in self.vhosts.values():
-            for q in vhost.queues.values():
-                q.memory_pressure(fraction)
+        queues = [q for v in self.vhosts.values() for q in v.queues.values() if q.bq is not None]
+        loads = {q: QueueLoad(q.bq.ram_msg_count, q.rate()) for q in queues}
+        for q, target in ram_targets(loads, fraction).items():
+            q.set_ram_target(target)
 
 
 def _forced(text: str) -> object:

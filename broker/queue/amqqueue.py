@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from broker.flow.credit_flow import DEFAULT_CREDIT, CreditFlow
+from broker.flow.memory_pressure import RateMeter
 from broker.message import Message
 from broker.queue import dead_letter as dlx
 from broker.queue.consumer import Consumer
 from broker.queue.durability import QueueDurability
-from broker.queue.ram_queue import Entry, RamQueue
+from broker.queue.variable_queue import Entry, VariableQueue
 from broker.server.mailbox import Mailbox
 
 if TYPE_CHECKING:
@@ -78,8 +79,10 @@ class AMQQueue:
         self.auto_delete = auto_delete
         self.arguments: dict[str, Any] = dict(arguments or {})
         self.args = QueueArgs(self.arguments)
-        self.bq = RamQueue()
-        self.durability: QueueDurability | None = None  # set for a durable queue with a store
+        # set by Durable.attach before start(): the paging backing queue and its disk side
+        self.bq: VariableQueue = None  # type: ignore[assignment]
+        self.durability: QueueDurability | None = None
+        self._rate = RateMeter()
         self.consumers: deque[Consumer] = deque()
         self.mailbox = Mailbox()
         self.deleted = False
@@ -116,6 +119,8 @@ class AMQQueue:
         """The queue is deleted: its durable state goes too."""
         self.shutdown()
         if self.durability is not None:
+            self.bq.purge()
+            self.bq.drop_pending()
             self.durability.delete()
             self.durability = None
 
@@ -187,12 +192,14 @@ class AMQQueue:
                 expires_at = self._expiry_for(msg, ttl, now)
                 if expires_at:
                     self._ttl_dirty = True
-            qseq = bq.publish(msg, expires_at)
+            bq.publish(msg, expires_at)
             self.published += 1
-            if durability is not None and msg.persistent:
-                durability.persist(qseq, msg, channel, seq)  # confirmed once on disk
-            elif seq:
-                confirms.append(seq)
+            if seq:
+                if durability is not None and durability.persistent and msg.persistent:
+                    assert channel is not None
+                    durability.track(msg, channel, seq)  # confirmed once on disk
+                else:
+                    confirms.append(seq)
         limited = args.max_length is not None or args.max_length_bytes is not None
         if limited and not reject_publish:
             self._drop_overflow()
@@ -223,7 +230,7 @@ class AMQQueue:
     def _drop_overflow(self) -> None:
         a = self.args
         dropped: list[Entry] = []
-        while self.bq.ready and (
+        while self.bq and (
             (a.max_length is not None and len(self.bq) > a.max_length)
             or (a.max_length_bytes is not None and self.bq.bytes_ready > a.max_length_bytes)
         ):
@@ -231,7 +238,6 @@ class AMQQueue:
             assert entry is not None
             dropped.append(entry)
         if dropped:
-            self._gone(dropped)
             self._dead_letter([e[1] for e in dropped], dlx.MAXLEN)
 
     # -- TTL and x-expires ------------------------------------------------------------------
@@ -250,7 +256,6 @@ class AMQQueue:
             expired.append(head)
             head = self.bq.peek()
         if expired:
-            self._gone(expired)
             self._dead_letter([e[1] for e in expired], dlx.EXPIRED)
             if self.durability is not None:
                 self.durability.end_batch()
@@ -287,11 +292,6 @@ class AMQQueue:
         log.info("queue expired", queue=self.name, vhost=self.vhost.name)
         self.vhost.delete_queue(self)
 
-    def _gone(self, entries: list[Entry]) -> None:
-        """Messages that left the queue for good: forget them on disk too."""
-        if self.durability is not None and entries:
-            self.durability.gone([e[0] for e in entries], [e[1] for e in entries])
-
     # -- dead-lettering ---------------------------------------------------------------------
     def _dead_letter(self, msgs: list[Message], reason: str) -> None:
         exchange = self.args.dlx
@@ -305,14 +305,14 @@ class AMQQueue:
     def _deliver(self) -> None:
         consumers = self.consumers
         bq = self.bq
-        if not consumers or not bq.ready:
+        if not consumers or not bq:
             return
         n = len(consumers)
         idle = 0
         now = self._now
         expired: list[Entry] = []
         durability = self.durability
-        while bq.ready and idle < n:
+        while bq and idle < n:
             c = consumers[0]
             if not c.can_take():
                 consumers.rotate(-1)
@@ -325,11 +325,8 @@ class AMQQueue:
                     bq.ack((entry[0],))
                 expired.append(entry)
                 continue
-            if durability is not None and entry[1].persistent:
-                if c.no_ack:
-                    self._gone([entry])
-                else:
-                    durability.delivered(entry[0])
+            if durability is not None and not c.no_ack and entry[1].persistent:
+                durability.delivered(entry[0])
             c.channel.deliver(c, self, entry)
             self.delivered += 1
             if entry[2]:
@@ -337,7 +334,6 @@ class AMQQueue:
             consumers.rotate(-1)
             idle = 0
         if expired:
-            self._gone(expired)
             self._dead_letter([e[1] for e in expired], dlx.EXPIRED)
 
     # -- synchronous operations (called by channels) ----------------------------------------
@@ -351,22 +347,17 @@ class AMQQueue:
             if entry[3] and entry[3] < time.monotonic():
                 if ack_required:
                     self.bq.ack((entry[0],))
-                self._gone([entry])
                 self._dead_letter([entry[1]], dlx.EXPIRED)
                 continue
             self.delivered += 1
-            if self.durability is not None and entry[1].persistent:
-                if ack_required:
+            if self.durability is not None:
+                if ack_required and entry[1].persistent:
                     self.durability.delivered(entry[0])
-                else:
-                    self._gone([entry])
                 self.wake()  # the index records go out with the next batch
             return entry, len(self.bq)
 
     def ack(self, seqs: Iterable[int]) -> None:
-        entries = self.bq.ack(seqs)
-        self.acked += len(entries)
-        self._gone(entries)
+        self.acked += len(self.bq.ack(seqs))
         self.wake()
 
     def reject(self, seqs: list[int], requeue: bool) -> None:
@@ -374,9 +365,7 @@ class AMQQueue:
             self.bq.requeue(seqs)
             self._ttl_dirty = True  # a requeued message may have expired meanwhile: drop it
         else:
-            entries = self.bq.ack(seqs)
-            self._gone(entries)
-            self._dead_letter([e[1] for e in entries], dlx.REJECTED)
+            self._dead_letter(self.bq.ack(seqs), dlx.REJECTED)
         self.wake()
 
     def requeue(self, seqs: list[int]) -> None:
@@ -387,20 +376,17 @@ class AMQQueue:
 
     def purge(self) -> int:
         self.drain()
-        entries = self.bq.purge()
-        self._gone(entries)
+        count = self.bq.purge()
         self.wake()
-        return len(entries)
+        return count
 
     def recover(self) -> int:
         """Load a durable queue's messages from its index (at start, before any client)."""
         if self.durability is None:
             return 0
-        n = 0
-        for entry, msg in self.durability.recover():
-            self.bq.recovered(entry.seq_id, msg, entry.delivered)
-            n += 1
-        return n
+        count, start, end, size = self.durability.recover()
+        self.bq.recover(count, start, end, size)
+        return count
 
     def add_consumer(self, consumer: Consumer) -> None:
         self.drain()
@@ -422,12 +408,18 @@ class AMQQueue:
     def has_exclusive_consumer(self) -> bool:
         return any(c.exclusive for c in self.consumers)
 
-    def memory_pressure(self, fraction: float) -> None:
-        """The share of RAM messages to keep; the variable queue pages out the rest."""
-        set_target = getattr(self.bq, "set_ram_fraction", None)
-        if set_target is not None:
-            set_target(fraction)
-            self.wake()
+    def rate(self) -> float:
+        """Messages in + out per second, smoothed (what the memory monitor shares RAM by)."""
+        return self._rate.update(self.bq.in_count + self.bq.out_count, time.monotonic())
+
+    def set_ram_target(self, target: int | None) -> None:
+        """How many ready messages may keep their body in RAM (None: all); the variable
+        queue pages out the rest now."""
+        if self.deleted or target == self.bq.target_ram_count:
+            return
+        self.bq.set_target_ram_count(target)
+        if self.durability is not None:
+            self.durability.end_batch()
 
     def close(self) -> None:
         """Clean broker shutdown: flush and close the index so the next start is fast."""

@@ -1,31 +1,86 @@
-"""The durable half of a durable queue: its queue index and its share of the persistent
-message store, and the publisher confirms that wait on them.
+"""The disk side of a queue: its queue index (created lazily for transient queues), the
+publisher confirms that wait on the disk, and recovery after a restart.
 
-A persistent message is recorded in the index (embedded there when small) and, when large,
-written to the store. Its confirm goes out once every part is safe under the fsync policy:
-index records are flushed to the OS after each queue batch and fsynced in a worker thread
-(one fsync covers every batch that arrived meanwhile: group commit); the store reports its own
-fsyncs through `msgs_durable`."""
+The variable queue writes bodies and index records (persistent messages at publish, transient
+ones when paged) and removes them when messages go. This class adds what confirms need: index
+records are flushed to the OS after each queue batch and fsynced in a worker thread (one fsync
+covers every batch that arrived meanwhile: group commit); the store reports its own fsyncs
+through `msgs_durable`. A confirm goes out when every part of its message is safe."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import structlog
 
 from broker.message import Message
+from broker.store.queue_index import IndexEntry, QueueIndex
 
 if TYPE_CHECKING:
     from broker.queue.amqqueue import AMQQueue
     from broker.server.channel import Channel
     from broker.store.msg_store import MsgStore
-    from broker.store.queue_index import IndexEntry, QueueIndex
 
-__all__ = ["QueueDurability"]
+__all__ = ["LazyIndex", "QueueDurability"]
 
 log = structlog.get_logger("hare.queue")
+
+
+class LazyIndex:
+    """A QueueIndex made on first write: most transient queues never page, and then never
+    touch the disk at all."""
+
+    __slots__ = ("_factory", "_index", "embed_below")
+
+    def __init__(self, factory: Callable[[], QueueIndex], embed_below: int) -> None:
+        self._factory = factory
+        self._index: QueueIndex | None = None
+        self.embed_below = embed_below
+
+    @property
+    def index(self) -> QueueIndex:
+        if self._index is None:
+            self._index = self._factory()
+        return self._index
+
+    @property
+    def created(self) -> bool:
+        return self._index is not None
+
+    def should_embed(self, size: int) -> bool:
+        return size < self.embed_below
+
+    def publish(self, seq_id: int, msg_id: int, payload: bytes | None) -> None:
+        self.index.publish(seq_id, msg_id, payload)
+
+    def read(self, start_seq: int, end_seq: int) -> Sequence[IndexEntry]:
+        return self._index.read(start_seq, end_seq) if self._index is not None else []
+
+    def ack(self, seq_ids: Iterable[int]) -> None:
+        if self._index is not None:
+            self._index.ack(seq_ids)
+
+    def deliver(self, seq_ids: Iterable[int]) -> None:
+        if self._index is not None:
+            self._index.deliver(seq_ids)
+
+    def flush(self) -> None:
+        if self._index is not None:
+            self._index.flush()
+
+    def sync(self) -> None:
+        if self._index is not None:
+            self._index.sync()
+
+    def close(self) -> None:
+        if self._index is not None:
+            self._index.close()
+
+    def delete(self) -> None:
+        if self._index is not None:
+            self._index.delete()
 
 
 class _Pending:
@@ -40,36 +95,39 @@ class _Pending:
 
 
 class QueueDurability:
+    """One per queue. `persistent` is True for a durable queue, whose persistent messages
+    are confirmed only once on disk and come back after a restart."""
+
     def __init__(
-        self, queue: AMQQueue, index: QueueIndex, store: MsgStore, fsync: str = "batch"
+        self,
+        queue: AMQQueue,
+        index: LazyIndex,
+        store: MsgStore,
+        *,
+        persistent: bool,
+        fsync: str = "batch",
     ) -> None:
         self.queue = queue
         self.index = index
         self.store = store
+        self.persistent = persistent
         self.fsync = fsync
-        self.in_store: set[int] = set()  # msg ids this queue holds a store reference for
         self._by_msg: dict[int, _Pending] = {}
         self._batch: list[_Pending] = []
         self._sync_waiting: list[list[_Pending]] = []
         self._syncing = False
         self._delivered: list[int] = []
 
-    # -- publish ----------------------------------------------------------------------------
-    def persist(self, seq: int, msg: Message, channel: Channel | None, cseq: int) -> None:
-        data = msg.encode()
+    # -- confirms ---------------------------------------------------------------------------
+    def track(self, msg: Message, channel: Channel, cseq: int) -> None:
+        """A persistent message the variable queue just wrote: confirm it once it is safe."""
         needs = 1  # the index record
-        if self.index.should_embed(len(data)):
-            self.index.publish(seq, msg.msg_id, data)
-        else:
-            self.store.write(msg.msg_id, data, self)
-            self.in_store.add(msg.msg_id)
-            self.index.publish(seq, msg.msg_id, None)
-            needs = 2
-        if cseq and channel is not None:
-            p = _Pending(channel, cseq, needs)
-            if needs == 2:
-                self._by_msg[msg.msg_id] = p
-            self._batch.append(p)
+        if not self.index.should_embed(msg.encoded_size):
+            needs = 2  # and the body in the store
+        p = _Pending(channel, cseq, needs)
+        if needs == 2:
+            self._by_msg[msg.msg_id] = p
+        self._batch.append(p)
 
     def end_batch(self) -> None:
         """After a queue batch: index records to the OS, then a (grouped) fsync."""
@@ -112,7 +170,7 @@ class QueueDurability:
         if ready:
             self._confirm(ready)
 
-    # -- StoreClient ------------------------------------------------------------------------
+    # StoreClient
     def msgs_durable(self, msg_ids: list[int]) -> None:
         by_msg = self._by_msg
         ready = []
@@ -126,8 +184,7 @@ class QueueDurability:
     def msgs_failed(self, msg_ids: list[int], error: OSError) -> None:
         log.error("message store write failed", queue=self.queue.name, error=str(error),
                   messages=len(msg_ids))
-        failed = [p for p in (self._by_msg.pop(m, None) for m in msg_ids) if p is not None]
-        self._fail(failed)
+        self._fail([p for p in (self._by_msg.pop(m, None) for m in msg_ids) if p is not None])
 
     def _confirm(self, ready: list[_Pending]) -> None:
         by_channel: dict[Channel, list[int]] = {}
@@ -140,47 +197,37 @@ class QueueDurability:
         by_channel: dict[Channel, list[int]] = {}
         for p in pending:
             if p.needs > 0:
-                p.needs = -1  # never confirm it positively later
+                p.needs = -1  # never confirmed positively later
                 by_channel.setdefault(p.channel, []).append(p.cseq)
         for ch, seqs in by_channel.items():
             ch.queue_confirmed(self.queue, [], seqs)
 
     # -- the rest of a message's life ---------------------------------------------------------
     def delivered(self, seq: int) -> None:
-        self._delivered.append(seq)
+        """Recorded so that a restart marks it redelivered."""
+        if self.persistent:
+            self._delivered.append(seq)
 
-    def gone(self, seqs: list[int], msgs: Iterable[Message]) -> None:
-        """Messages left the queue for good (acked, dropped, expired, purged)."""
-        self.index.ack(seqs)
-        in_store = self.in_store
-        if in_store:
-            for m in msgs:
-                if m.msg_id in in_store:
-                    in_store.discard(m.msg_id)
-                    self.store.remove(m.msg_id)
-
-    def recover(self) -> list[tuple[IndexEntry, Message]]:
-        """The queue's messages after a restart, in order; unreadable ones are skipped."""
-        out = []
-        for entry in self.index.recover():
-            try:
-                if entry.payload is not None:
-                    msg = Message.decode(entry.payload, entry.msg_id)
-                else:
-                    msg = Message.decode(self.store.read(entry.msg_id), entry.msg_id)
-                    self.in_store.add(entry.msg_id)
-            except (KeyError, ValueError, UnicodeDecodeError) as exc:
-                log.error("message lost in recovery", queue=self.queue.name,
-                          seq=entry.seq_id, error=repr(exc))
-                self.index.ack([entry.seq_id])
-                continue
-            out.append((entry, msg))
-        return out
+    def recover(self) -> tuple[int, int, int, int]:
+        """Read the index back: (count, first seq, next seq, estimated bytes) of what the
+        queue holds. Entries whose body is gone (transient messages paged before a crash:
+        the transient store is wiped at start) are dropped."""
+        entries = self.index.index.recover()
+        dropped = [e.seq_id for e in entries
+                   if e.payload is None and not self.store.contains(e.msg_id)]
+        if dropped:
+            self.index.ack(dropped)
+            log.info("transient messages dropped at recovery", queue=self.queue.name,
+                     count=len(dropped))
+        gone = set(dropped)
+        kept = [e for e in entries if e.seq_id not in gone]
+        high = self.index.index.bounds()[1]
+        # embedded sizes only: reading store sizes would cost a lookup per message
+        size = sum(len(e.payload) for e in kept if e.payload is not None)
+        start = kept[0].seq_id if kept else high
+        return len(kept), start, max(high, start), size
 
     def delete(self) -> None:
-        for msg_id in self.in_store:
-            self.store.remove(msg_id)
-        self.in_store.clear()
         self.index.delete()
 
     def close(self) -> None:

@@ -115,6 +115,7 @@ class VariableQueue:
         client: object | None = None,
         segment_entries: int = DEFAULT_SEGMENT_ENTRIES,
         io_batch_size: int = DEFAULT_IO_BATCH_SIZE,
+        embed_transient: bool = False,
     ) -> None:
         if segment_entries < 1 or io_batch_size < 1:
             raise ValueError("segment_entries and io_batch_size must be positive")
@@ -123,6 +124,9 @@ class VariableQueue:
         self._index = index
         self._durable = durable
         self._client = client
+        # A queue whose index is wiped at start (a non-durable queue) may embed transient
+        # bodies too: in delta they then cost ~10 bytes of RAM each and no store entry.
+        self._embed_transient = embed_transient
         self._segment = segment_entries
         self._io_batch = io_batch_size
         self._q1: deque[_Status] = deque()
@@ -195,6 +199,18 @@ class VariableQueue:
             "q1": [s.seq_id for s in self._q1],
         }
 
+    def recover(self, count: int, start: int, end: int, bytes_ready: int = 0) -> None:
+        """After a restart: `count` un-acked index entries with start <= seq_id < end, all in
+        delta (nothing read into RAM until fetched, as rabbit_variable_queue's init)."""
+        if self._len or self._pending:
+            raise RuntimeError("recover() on a queue that is in use")
+        self._next_seq = max(self._next_seq, end)
+        if count:
+            self._delta_start, self._delta_end, self._delta_count = start, end, count
+            self._len = count
+            self._bytes = bytes_ready
+            self._refill_q3()  # keeps "q3 empty => delta empty": the head segment as betas
+
     # -- publish and fetch --------------------------------------------------------------------
     def publish(self, msg: Message, expires_at: float = 0.0, redelivered: bool = False) -> int:
         """Append `msg`; returns its seq_id. Persistent messages are written to disk now."""
@@ -241,7 +257,7 @@ class VariableQueue:
         assert msg is not None
         self._len -= 1
         self.out_count += 1
-        self._bytes -= st.size
+        self._bytes = max(0, self._bytes - st.size)  # recovered sizes are estimates
         self._ram -= 1
         self._ram_bytes -= st.size
         if ack_required:
@@ -396,8 +412,9 @@ class VariableQueue:
             return
         assert st.msg is not None
         data = st.msg.encode()
-        if st.persistent and self._index.should_embed(len(data)):
-            # transient bodies never go into the index: recovery would bring them back
+        if (st.persistent or self._embed_transient) and self._index.should_embed(len(data)):
+            # transient bodies go into a durable queue's index never: recovery would bring
+            # them back
             self._index.publish(st.seq_id, st.msg_id, data)
             st.on_index = st.embedded = True
         else:

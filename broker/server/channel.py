@@ -38,7 +38,7 @@ from broker.server.mailbox import Mailbox
 
 if TYPE_CHECKING:
     from broker.queue.amqqueue import AMQQueue
-    from broker.queue.ram_queue import Entry
+    from broker.queue.variable_queue import Entry
     from broker.routing.exchange import Exchange
     from broker.server.reader import Reader
 

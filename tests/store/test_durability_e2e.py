@@ -131,6 +131,7 @@ async def test_fanout_to_durable_queues_shares_one_body(fresh_broker):
         m = await q.get()
         await m.ack()
     await conn.close()
+    await asyncio.sleep(0.3)  # acks are not confirmed to the client: give them time to land
     fresh_broker.kill()
     fresh_broker.start()
     conn = await aio_pika.connect(fresh_broker.url)
