@@ -924,6 +924,18 @@ def test_tx_acks_take_effect_at_commit(broker):
     c.close()
 
 
+def test_tx_mandatory_return_comes_at_commit_before_commit_ok(broker):
+    c = client(broker.port)
+    call(c, commands.Tx.Select(), commands.Tx.SelectOk)
+    publish(c, "", "no-such-queue-tx", b"unroutable in tx", mandatory=True)
+    no_frame(c, 0.2)  # nothing before the commit
+    c.send_method(1, commands.Tx.Commit())
+    ret = c.expect(commands.Basic.Return, 1)
+    assert ret.reply_code == 312 and read_content(c)[1] == b"unroutable in tx"
+    c.expect(commands.Tx.CommitOk, 1)
+    c.close()
+
+
 def test_tx_publishes_only_at_commit(broker):
     c = client(broker.port)
     q = declare_queue(c, exclusive=True)
