@@ -2,7 +2,7 @@
 
 Against Hare by default (the `broker` fixture). To check the tool itself against another
 broker, e.g. RabbitMQ, point it there instead (the PID is optional; it enables the RSS figures):
-    HARE_PERF_TEST_URL=amqp://guest:guest@127.0.0.1:5672/ HARE_PERF_TEST_PID=$(pgrep beam.smp) \\
+    HARE_PERF_TEST_URL=amqp://guest:guest@127.0.0.1:5672/ HARE_PERF_TEST_PID=$(pgrep -x beam.smp) \\
         .venv/bin/python -m pytest tests/perf/test_perf_smoke.py
 """
 
