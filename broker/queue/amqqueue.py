@@ -34,6 +34,7 @@ __all__ = ["AMQQueue", "QueueArgs"]
 log = structlog.get_logger("hare.queue")
 
 _WAKE = ("wake",)
+DELIVERY_BATCH = 1000  # deliveries per queue wake-up before yielding to the loop
 
 
 def _credit(vhost: VHost) -> tuple[int, int]:
@@ -312,7 +313,12 @@ class AMQQueue:
         now = self._now
         expired: list[Entry] = []
         durability = self.durability
+        budget = DELIVERY_BATCH
         while bq and idle < n:
+            budget -= 1
+            if budget < 0:  # let the writers flush and other queues run, then go on
+                self.wake()
+                break
             c = consumers[0]
             if not c.can_take():
                 consumers.rotate(-1)

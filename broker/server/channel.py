@@ -448,7 +448,11 @@ class Channel:
 
     # -- delivery (called by queues) --------------------------------------------------------
     def can_deliver(self) -> bool:
-        return self.flow_active and not self.writer.paused and not self.closing and not self.closed
+        w = self.writer
+        return (
+            self.flow_active and not w.paused and not w.full and not self.closing
+            and not self.closed
+        )
 
     def can_deliver_acked(self) -> bool:
         if self.global_prefetch and self.consumer_unacked >= self.global_prefetch:
@@ -463,7 +467,9 @@ class Channel:
             self.unacked[tag] = (queue, entry[0], consumer)
             consumer.unacked += 1
             self.consumer_unacked += 1
-        self.writer.send_many(
+        w = self.writer
+        w.note_queued(len(msg.body) + 64)
+        w.send_many(
             frames.encode_deliver(
                 self.number,
                 consumer.tag_sstr,

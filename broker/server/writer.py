@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 
-__all__ = ["Writer"]
+__all__ = ["FULL_BYTES", "Writer"]
+
+FULL_BYTES = 1 << 20
 
 
 class Writer:
@@ -17,8 +19,10 @@ class Writer:
         "_transport",
         "activity",
         "bytes_out",
+        "full",
         "on_resume",
         "paused",
+        "queued",
     )
 
     def __init__(self, transport: asyncio.WriteTransport, loop: asyncio.AbstractEventLoop) -> None:
@@ -30,6 +34,8 @@ class Writer:
         self.on_resume: Callable[[], None] | None = None
         self.bytes_out = 0
         self.activity = False  # something was written since the last heartbeat tick
+        self.queued = 0  # bytes of message bodies buffered here since the last flush
+        self.full = False  # queued passed FULL_BYTES: deliveries wait for the next flush
 
     def send(self, data: bytes) -> None:
         self._buf.append(data)
@@ -43,16 +49,27 @@ class Writer:
             self._scheduled = True
             self._loop.call_soon(self.flush)
 
+    def note_queued(self, size: int) -> None:
+        """Count a delivery's body; past FULL_BYTES the channel stops taking deliveries until
+        this buffer reaches the transport (whose own high-water mark then takes over)."""
+        self.queued += size
+        if self.queued > FULL_BYTES:
+            self.full = True
+
     def flush(self) -> None:
         self._scheduled = False
         buf = self._buf
-        if not buf:
-            return
-        self._buf = []
-        if self._transport.is_closing():
-            return
-        self.activity = True
-        self._transport.writelines(buf)
+        was_full = self.full
+        self.queued = 0
+        self.full = False
+        if buf:
+            self._buf = []
+            if self._transport.is_closing():
+                return
+            self.activity = True
+            self._transport.writelines(buf)
+        if was_full and not self.paused and self.on_resume is not None:
+            self.on_resume()
 
     def pause(self) -> None:
         self.paused = True

@@ -59,7 +59,9 @@ def test_no_alarm_no_blocked_frame(broker):
     c.open_channel(1)
     c.send_method(1, commands.Basic.Publish(exchange="", routing_key="nowhere"))
     c.send_content(1, b"x")
-    c.send_method(1, commands.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+    c.send_method(
+        1, commands.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0)
+    )
     # the next frame is close-ok: no connection.blocked came first
     c.expect(commands.Channel.CloseOk, 1)
     c.close()
