@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import os
 import signal
 import sys
@@ -61,6 +62,26 @@ def _check_data_dir(settings: Settings) -> str | None:
     return None
 
 
+def _lock_data_dir(settings: Settings) -> tuple[int, str | None]:
+    """One broker per data directory: an flock held for the life of the process (released
+    by the kernel even after kill -9, so a crash never leaves a stale lock)."""
+    path = settings.data_dir / "hare.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        return -1, f"cannot open lock file {path}: {exc.strerror}"
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        return -1, (f"data directory {settings.data_dir} is in use by another broker "
+                    f"(pid {other}); refusing to start")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd, None
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(argv)
@@ -69,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging(settings.log_level, str(settings.log_format))
     problem = _check_data_dir(settings)
+    lock_fd = -1
+    if not problem:
+        lock_fd, problem = _lock_data_dir(settings)
     if problem:
         print(f"hare-server: {problem}", file=sys.stderr)
         return 1
@@ -78,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         return uvloop.run(run(settings))
     except KeyboardInterrupt:
         return 0
+    finally:
+        os.close(lock_fd)  # the lock goes with it
 
 
 if __name__ == "__main__":

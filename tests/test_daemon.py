@@ -1,0 +1,81 @@
+"""hare-server's life cycle: clean SIGTERM with clients connected, one clear line and exit 1
+for a port in use, an unusable data directory or a second broker on the same data dir."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+
+import aio_pika
+import pytest
+from aio_pika import DeliveryMode, Message
+
+from tests.conftest import ROOT
+
+
+def _run(args: list[str], timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "broker", "--management-port", "0", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_port_in_use_is_one_line_and_exit_1(tmp_path):
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = _run(["--port", str(port), "--data-dir", str(tmp_path / "d")])
+    assert r.returncode == 1
+    assert f"port {port} is already in use" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_unusable_data_dir_is_one_line_and_exit_1(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    r = _run(["--port", "0", "--data-dir", str(blocker / "data")])
+    assert r.returncode == 1
+    assert "data directory" in r.stderr and "cannot be created" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_second_broker_on_the_same_data_dir_is_refused(fresh_broker):
+    fresh_broker.start()
+    r = _run(["--port", "0", "--data-dir", str(fresh_broker.data_dir)])
+    assert r.returncode == 1
+    assert "in use by another broker" in r.stderr
+    assert f"pid {fresh_broker.pid}" in r.stderr
+
+
+def test_bad_config_value_is_one_line_and_exit_2(tmp_path):
+    r = _run(["--port", "nope", "--data-dir", str(tmp_path / "d")])
+    assert r.returncode == 2
+    assert "port" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.asyncio
+async def test_sigterm_closes_clients_with_320_and_keeps_persistent_messages(fresh_broker):
+    fresh_broker.start()
+    conn = await aio_pika.connect(fresh_broker.url)
+    closed: asyncio.Future = asyncio.get_running_loop().create_future()
+    conn.close_callbacks.add(lambda _c, exc: closed.done() or closed.set_result(exc))
+    ch = await conn.channel(publisher_confirms=True)
+    q = await ch.declare_queue("sigterm-q", durable=True)
+    for i in range(100):
+        await ch.default_exchange.publish(
+            Message(b"m%d" % i, delivery_mode=DeliveryMode.PERSISTENT), q.name)
+    started = time.monotonic()
+    code = await asyncio.to_thread(fresh_broker.stop)
+    assert code == 0
+    assert time.monotonic() - started < 10
+    exc = await asyncio.wait_for(closed, 5)
+    assert "320" in str(exc) or "CONNECTION_FORCED" in str(exc)
+    assert "broker stopped" in fresh_broker.log()
+    fresh_broker.start()
+    conn2 = await aio_pika.connect(fresh_broker.url)
+    ch2 = await conn2.channel()
+    q2 = await ch2.declare_queue("sigterm-q", durable=True)
+    assert q2.declaration_result.message_count == 100
+    await conn2.close()
