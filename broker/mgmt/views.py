@@ -157,6 +157,7 @@ def connection_json(conn: Reader, node: Node) -> dict[str, Any]:
         "peer_port": info["peer_port"],
         "channels": info["channels"],
         "state": info["state"],
+        "flow_pauses": info["flow_pauses"],  # Hare: times credit flow paused the socket
         "frame_max": info["frame_max"],
         "channel_max": info["channel_max"],
         "timeout": info["heartbeat"],

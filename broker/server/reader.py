@@ -92,6 +92,7 @@ class Reader(asyncio.Protocol):
         self._missed = 0
         self._paused_reading = False
         self.blocked_by_credit = False
+        self.flow_pauses = 0  # times credit flow paused this socket (the "flow" state)
         self._blocked_timer: asyncio.TimerHandle | None = None
         self.alarm_blocked = False  # an alarm is raised: stop reading after the next publish
         self.unroutable_nack = node.settings.unroutable == "nack"
@@ -436,6 +437,7 @@ class Reader(asyncio.Protocol):
             )
         if self.credit_flow.blocked():
             blocked = self.blocked_by_credit = True
+            self.flow_pauses += 1
         if blocked:
             self._paused_reading = True
             self.transport.pause_reading()
@@ -580,6 +582,7 @@ class Reader(asyncio.Protocol):
             "state": "flow"
             if self.blocked_by_credit
             else ("blocked" if self._paused_reading else "running"),
+            "flow_pauses": self.flow_pauses,
             "frame_max": self.frame_max,
             "channel_max": self.channel_max,
             "heartbeat": self.heartbeat,
