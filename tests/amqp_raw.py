@@ -140,3 +140,23 @@ def roundtrip_ok(port: int, host: str = "127.0.0.1") -> None:
         assert body.value == b"still alive"
     finally:
         c.close()
+
+
+def publish_numbered(c: RawClient, queue: str, count: int, body_size: int,
+                     batch: int = 500) -> None:
+    """`count` publishes to `queue` on channel 1, pre-encoded in batches; each body starts with
+    its number (8 bytes, big-endian). `batch` must divide `count`. A broker that pauses
+    reading makes `sendall` wait: that is the back-pressure under test."""
+    from broker.protocol import frames as wire
+
+    assert count % batch == 0
+    one = b"".join([
+        wire.encode_method(1, commands.Basic.Publish(exchange="", routing_key=queue)),
+        *wire.encode_content(1, b"\x00\x00", bytes(body_size), 131072),
+    ])
+    offset = len(one) - 1 - body_size  # the body's first byte (before the frame-end octet)
+    template = bytearray(one * batch)
+    for start in range(0, count, batch):
+        for i in range(batch):
+            struct.pack_into(">Q", template, i * len(one) + offset, start + i)
+        c.sock.sendall(template)

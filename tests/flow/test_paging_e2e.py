@@ -12,7 +12,7 @@ import pytest
 from pamqp import commands
 
 from broker.protocol import frames as wire
-from tests.amqp_raw import RawClient
+from tests.amqp_raw import RawClient, publish_numbered
 
 pytestmark = pytest.mark.slow
 
@@ -45,21 +45,6 @@ class RssSampler(threading.Thread):
             time.sleep(0.2)
 
 
-def _publish_all(c: RawClient, queue: str) -> None:
-    """Pre-encoded publishes in batches; only the sequence number in each body changes."""
-    one = b"".join([
-        wire.encode_method(1, commands.Basic.Publish(exchange="", routing_key=queue)),
-        *wire.encode_content(1, b"\x00\x00", bytes(BODY), 131072),
-    ])
-    offset = len(one) - 1 - BODY  # the body's first byte (before the frame-end octet)
-    template = bytearray(one * BATCH)
-    c.sock.settimeout(120)  # a paused reader makes sendall wait: that is the back-pressure
-    for start in range(0, COUNT, BATCH):
-        for i in range(BATCH):
-            struct.pack_into(">Q", template, i * len(one) + offset, start + i)
-        c.sock.sendall(template)
-
-
 def test_two_million_messages_stay_under_the_watermark_and_come_back_in_order(broker_factory):
     b = broker_factory(args=["--vm-memory-high-watermark", f"{WATERMARK_MB}MiB"]).start()
     sampler = RssSampler(b.pid)
@@ -69,7 +54,8 @@ def test_two_million_messages_stay_under_the_watermark_and_come_back_in_order(br
     pub.open_channel(1)
     pub.send_method(1, commands.Queue.Declare(queue="paging-q"))
     pub.expect(commands.Queue.DeclareOk, 1)
-    _publish_all(pub, "paging-q")
+    pub.sock.settimeout(120)  # a paused reader makes sendall wait: that is the back-pressure
+    publish_numbered(pub, "paging-q", COUNT, BODY, BATCH)
     # a synchronous round trip after the last publish: everything before it is enqueued
     pub.send_method(1, commands.Queue.Declare(queue="paging-q", passive=True))
     ok = pub.expect(commands.Queue.DeclareOk, 1, timeout=120)

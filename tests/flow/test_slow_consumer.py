@@ -11,7 +11,7 @@ import time
 from pamqp import commands
 
 from broker.protocol import frames as wire
-from tests.amqp_raw import RawClient
+from tests.amqp_raw import RawClient, publish_numbered
 from tests.flow.test_paging_e2e import RssSampler
 from tests.mgmt.helpers import MgmtBroker
 
@@ -24,16 +24,7 @@ def _blast(port: int, done: threading.Event) -> None:
     c = RawClient(port, timeout=60)
     c.handshake()
     c.open_channel(1)
-    one = b"".join([
-        wire.encode_method(1, commands.Basic.Publish(exchange="", routing_key="slow-q")),
-        *wire.encode_content(1, b"\x00\x00", bytes(BODY), 131072),
-    ])
-    offset = len(one) - 1 - BODY
-    template = bytearray(one * BATCH)
-    for start in range(0, COUNT, BATCH):
-        for i in range(BATCH):
-            struct.pack_into(">Q", template, i * len(one) + offset, start + i)
-        c.sock.sendall(template)
+    publish_numbered(c, "slow-q", COUNT, BODY, BATCH)
     c.send_method(1, commands.Queue.Declare(queue="slow-q", passive=True))
     c.expect(commands.Queue.DeclareOk, 1, timeout=120)
     done.set()
