@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from broker.queue.amqqueue import AMQQueue
-from broker.queue.durability import LazyIndex, QueueDurability
+from broker.queue.durability import LazyIndex, QueueDurability, StoreLink, StorePeer
 from broker.queue.variable_queue import VariableQueue
 from broker.routing.exchange import Exchange
 from broker.store.definitions import (
@@ -59,6 +59,9 @@ class Durable:
             root / "msg_store_transient", name="transient", transient=True, **common
         )
         self._restoring = False
+        credit = (s.credit_flow_initial_credit, s.credit_flow_more_credit_after)
+        self.persistent_peer = StorePeer("persistent", *credit)
+        self.transient_peer = StorePeer("transient", *credit)
 
     # -- start and stop ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -164,10 +167,13 @@ class Durable:
             q, index, self.persistent, persistent=persistent, fsync=str(s.fsync)
         )
         q.durability = durability
+        transient = StoreLink(q, self.transient, self.transient_peer, None)
+        q.store_peers = (self.persistent_peer, self.transient_peer)
         q.bq = VariableQueue(
-            self.persistent if persistent else self.transient,
+            StoreLink(q, self.persistent, self.persistent_peer, durability)
+            if persistent else transient,
             index,
-            transient_store=self.transient,
+            transient_store=transient,
             durable=persistent,
             client=durability if persistent else None,
             segment_entries=segment,

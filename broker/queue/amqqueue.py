@@ -97,6 +97,7 @@ class AMQQueue:
         # counters for management / metrics
         self.credit_flow = CreditFlow(self, *_credit(vhost))
         self._senders: set[Channel] = set()  # channels holding credit towards us
+        self.store_peers: tuple[Any, ...] = ()  # message stores we spend credit towards
         self.published = 0
         self.delivered = 0
         self.acked = 0
@@ -131,6 +132,8 @@ class AMQQueue:
         for ch in self._senders:
             ch.credit_flow.peer_down(self)
         self._senders.clear()
+        for peer in self.store_peers:
+            peer.credit_flow.peer_down(self)
         for timer in (self._ttl_timer, self._expiry_timer):
             if timer is not None:
                 timer.cancel()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from broker.flow.credit_flow import CreditFlow
 from broker.message import Message
 from broker.store.queue_index import IndexEntry, QueueIndex
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from broker.server.channel import Channel
     from broker.store.msg_store import MsgStore
 
-__all__ = ["LazyIndex", "QueueDurability"]
+__all__ = ["LazyIndex", "QueueDurability", "StoreLink", "StorePeer"]
 
 log = structlog.get_logger("hare.queue")
 
@@ -81,6 +82,52 @@ class LazyIndex:
     def delete(self) -> None:
         if self._index is not None:
             self._index.delete()
+
+
+class StorePeer:
+    """A message store's side of credit flow: one per store, shared by its queues."""
+
+    __slots__ = ("credit_flow", "name")
+
+    def __init__(self, name: str, initial_credit: int, more_credit_after: int) -> None:
+        self.name = name
+        self.credit_flow = CreditFlow(self, initial_credit, more_credit_after)
+
+
+class StoreLink:
+    """The queue -> msg_store link, as the variable queue sees a store: every write spends a
+    credit of the queue's; the store's report on the write (msgs_durable, once per batch)
+    grants it back. A store that falls behind blocks the queue, whose grants to channels are
+    then deferred, and so on up to the reader's socket."""
+
+    __slots__ = ("client", "peer", "queue", "store")
+
+    def __init__(self, queue: AMQQueue, store: MsgStore, peer: StorePeer,
+                 client: QueueDurability | None) -> None:
+        self.queue = queue
+        self.store = store
+        self.peer = peer
+        self.client = client  # told about persistent writes (confirms)
+
+    def write(self, msg_id: int, data: bytes, client: object | None) -> None:
+        self.queue.credit_flow.send(self.peer)
+        self.store.write(msg_id, data, self)
+
+    def read(self, msg_id: int) -> bytes:
+        return self.store.read(msg_id)
+
+    def remove(self, msg_id: int) -> None:
+        self.store.remove(msg_id)
+
+    def msgs_durable(self, msg_ids: list[int]) -> None:
+        self.peer.credit_flow.ack_many(self.queue, len(msg_ids))
+        if self.client is not None:
+            self.client.msgs_durable(msg_ids)  # it ignores ids that were only paged out
+
+    def msgs_failed(self, msg_ids: list[int], error: OSError) -> None:
+        self.peer.credit_flow.ack_many(self.queue, len(msg_ids))
+        if self.client is not None:
+            self.client.msgs_failed(msg_ids, error)
 
 
 class _Pending:

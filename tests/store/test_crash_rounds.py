@@ -49,8 +49,10 @@ async def _consumer(url: str, acked: set[int]) -> None:
     q = await ch.declare_queue(QUEUES[0], durable=True)
     async with q.iterator() as it:
         async for m in it:
-            await m.ack()
+            # noted before the ack goes out: a kill may land after the broker took the ack
+            # but before this task would run again
             acked.add(int(m.body[:8]))
+            await m.ack()
 
 
 async def _drain(url: str, name: str) -> list[int]:
