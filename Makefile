@@ -1,4 +1,5 @@
 # Hare: the commands a newcomer types. Each target sets up its own environment.
+SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -21,8 +22,22 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# Starts a Hare of its own on port 5673 (fresh data dir) and runs every hare-perf scenario
+# against it; a RabbitMQ answering on 5672 is measured first, so ratios read Hare/RabbitMQ.
+# BENCH_ARGS passes options to the suite, e.g. BENCH_ARGS="--runs 5 --out bench.json".
+BENCH_DIR ?= /tmp/hare-bench
 bench: $(STAMP)
-	$(BIN)/python -m broker.perf.suite
+	@rm -rf $(BENCH_DIR); mkdir -p $(BENCH_DIR); \
+	$(BIN)/hare-server --port 5673 --data-dir $(BENCH_DIR)/data --management-port 0 \
+	    --log-level warning > $(BENCH_DIR)/hare.out 2> $(BENCH_DIR)/hare.log & hare=$$!; \
+	for i in $$(seq 100); do grep -q listening $(BENCH_DIR)/hare.out && break; sleep 0.1; done; \
+	urls="--url amqp://guest:guest@127.0.0.1:5673/ --pid $$hare"; \
+	if (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null; then \
+	    rabbit=$$(pgrep -x beam.smp | head -1); \
+	    urls="--url amqp://guest:guest@127.0.0.1:5672/ $${rabbit:+--pid $$rabbit} $$urls"; \
+	fi; \
+	$(BIN)/python -m broker.perf.suite $$urls $(BENCH_ARGS); status=$$?; \
+	kill $$hare; wait $$hare; exit $$status
 
 clean:
 	rm -rf $(VENV) data .pytest_cache
