@@ -17,7 +17,7 @@ def test_kombu_publish_consume_and_ack(broker):
                                  declare=[queue], serializer="json")
         got: list[int] = []
 
-        def on_message(body, message):  # noqa: ANN001 - kombu's callback signature
+        def on_message(body, message):
             got.append(body["n"])
             message.ack()
 
