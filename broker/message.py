@@ -61,6 +61,7 @@ class Message:
     """One published message. `props` is the raw property block; `body` the assembled body."""
 
     __slots__ = (
+        "_address",
         "_properties",
         "body",
         "exchange",
@@ -77,14 +78,25 @@ class Message:
         props: bytes,
         body: bytes,
         msg_id: int = 0,
+        address: bytes | None = None,
     ) -> None:
         self.msg_id = msg_id or next_msg_id()
+        self._address = address
         self.exchange = exchange
         self.routing_key = routing_key
         self.props = props
         self.body = body
         self.persistent = parse_delivery_mode(props) == 2
         self._properties: commands.Basic.Properties | None = None
+
+    @property
+    def address(self) -> bytes:
+        """Exchange and routing key as two AMQP shortstrs, as basic.deliver carries them."""
+        address = self._address
+        if address is None:
+            ex, rk = self.exchange.encode(), self.routing_key.encode()
+            address = self._address = bytes((len(ex),)) + ex + bytes((len(rk),)) + rk
+        return address
 
     @property
     def size(self) -> int:

@@ -122,8 +122,9 @@ def encode_method(channel: int, method: base.Frame) -> bytes:
     return pamqp_frame.marshal(method, channel)
 
 
-def decode_publish(payload: bytes) -> tuple[str, str, bool, bool]:
-    """basic.publish args (payload starts after class+method ids): exchange, key, flags."""
+def decode_publish(payload: bytes) -> tuple[str, str, bool, bool, bytes]:
+    """basic.publish args (payload starts after class+method ids): exchange, key, flags, and
+    the exchange and key as the two shortstrs they arrived as (a delivery re-sends them)."""
     try:
         pos = 6  # class(2) method(2) ticket(2)
         n = payload[pos]
@@ -135,7 +136,7 @@ def decode_publish(payload: bytes) -> tuple[str, str, bool, bool]:
         bits = payload[pos]
     except (IndexError, UnicodeDecodeError) as exc:
         raise ConnectionError_(SYNTAX_ERROR, "malformed basic.publish", PUBLISH_ID) from exc
-    return exchange, routing_key, bool(bits & 1), bool(bits & 2)
+    return exchange, routing_key, bool(bits & 1), bool(bits & 2), payload[6:pos]
 
 
 def decode_ack(payload: bytes) -> tuple[int, bool]:
@@ -172,27 +173,18 @@ def encode_deliver(
     ctag: bytes,
     delivery_tag: int,
     redelivered: bool,
-    exchange: str,
-    routing_key: str,
+    address: bytes,
     props: bytes,
     body: bytes,
     frame_max: int,
 ) -> list[bytes]:
-    """basic.deliver + content; `ctag` is the consumer tag already as a shortstr."""
-    ex = exchange.encode()
-    rk = routing_key.encode()
-    args = b"".join(
-        (
-            ctag,
-            _QB.pack(delivery_tag, 1 if redelivered else 0),
-            bytes((len(ex),)),
-            ex,
-            bytes((len(rk),)),
-            rk,
-        )
-    )
-    head = _METHOD_HEAD.pack(FRAME_METHOD, channel, 4 + len(args), 60, 60)
-    return [head, args, _FRAME_END_BYTE, *encode_content(channel, props, body, frame_max)]
+    """basic.deliver + content. `ctag` is the consumer tag and `address` the exchange and
+    routing key, already as shortstrs (Message.address): nothing is encoded per delivery but
+    the tag."""
+    tag = _QB.pack(delivery_tag, 1 if redelivered else 0)
+    head = _METHOD_HEAD.pack(FRAME_METHOD, channel, 13 + len(ctag) + len(address), 60, 60)
+    return [head, ctag, tag, address, _FRAME_END_BYTE,
+            *encode_content(channel, props, body, frame_max)]
 
 
 def encode_get_ok(

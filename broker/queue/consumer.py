@@ -50,11 +50,17 @@ class Consumer:
         self.arguments = arguments or {}
 
     def can_take(self) -> bool:
+        """Channel.can_deliver / can_deliver_acked, inlined: asked before every delivery."""
+        ch = self.channel
+        w = ch.writer
+        if w.paused or w.full or ch.closing or ch.closed or not ch.flow_active:
+            return False
         if self.no_ack:
-            return self.channel.can_deliver()
+            return True
         if self.prefetch and self.unacked >= self.prefetch:
             return False
-        return self.channel.can_deliver_acked()
+        limit = ch.global_prefetch
+        return not limit or ch.consumer_unacked < limit
 
     def __repr__(self) -> str:
         return f"<Consumer {self.tag!r} on {self.queue.name!r}>"

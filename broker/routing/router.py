@@ -26,7 +26,7 @@ from broker.protocol.constants import PRECONDITION_FAILED
 from broker.protocol.errors import ChannelError
 from broker.routing.exchange import Exchange
 
-__all__ = ["route", "routing_keys"]
+__all__ = ["may_have_cc", "route", "routing_keys"]
 
 _HEADERS_FLAG = 0x20  # high byte of the property flags: 0x2000 is "headers present"
 
@@ -34,7 +34,7 @@ _HEADERS_FLAG = 0x20  # high byte of the property flags: 0x2000 is "headers pres
 def routing_keys(message: Message) -> list[str]:
     """The routing key followed by the CC and BCC keys (rabbit_basic:header_routes)."""
     keys = [message.routing_key]
-    if not _may_have_cc(message.props):
+    if not may_have_cc(message.props):
         return keys
     headers = message.headers
     for name in ("CC", "BCC"):
@@ -60,7 +60,7 @@ def route(
     exchange: Exchange, message: Message, lookup: Callable[[str], Exchange | None]
 ) -> set[object]:
     """Queue destinations for `message` published to `exchange` (see the module doc)."""
-    keys = routing_keys(message) if _may_have_cc(message.props) else None
+    keys = routing_keys(message) if may_have_cc(message.props) else None
     if (keys is None or len(keys) == 1) and not exchange._exchange_dests:
         dests = exchange.route(message.routing_key, message)
         if dests:
@@ -72,7 +72,7 @@ def route(
     return _route_graph(exchange, message, keys or [message.routing_key], lookup)
 
 
-def _may_have_cc(props: bytes) -> bool:
+def may_have_cc(props: bytes) -> bool:
     """Whether the raw properties may hold a CC or BCC header: the field names are searched in
     the bytes, so most publishes never decode their properties here (a false hit only costs
     the decode)."""

@@ -23,8 +23,8 @@ from broker.protocol.errors import ChannelError, ConnectionError_
 from broker.queue.amqqueue import AMQQueue
 from broker.queue.dead_letter import is_cycle
 from broker.routing.exchange import Exchange
+from broker.routing.router import may_have_cc, routing_keys
 from broker.routing.router import route as route_through
-from broker.routing.router import routing_keys
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -349,10 +349,10 @@ class VHost:
     def route(self, ex: Exchange, msg: Message) -> Any:
         """The queues a message goes to (an iterable of AMQQueue)."""
         if ex is self.default_exchange:
-            keys = routing_keys(msg)  # CC/BCC route through the default exchange too
-            if len(keys) == 1:
+            if not may_have_cc(msg.props):
                 q = self.queues.get(msg.routing_key)
                 return (q,) if q is not None else ()
+            keys = routing_keys(msg)  # CC/BCC route through the default exchange too
             return {q for k in keys if (q := self.queues.get(k)) is not None}
         return route_through(ex, msg, self.exchanges.get)
 

@@ -475,8 +475,7 @@ class Channel:
                 consumer.tag_sstr,
                 tag,
                 entry[2],
-                msg.exchange,
-                msg.routing_key,
+                msg.address,
                 msg.props,
                 msg.body,
                 self.frame_max,
@@ -574,7 +573,7 @@ class Channel:
 
     # -- publishing -------------------------------------------------------------------------
     def _publish(self, method: bytes, props: bytes, body: bytes) -> None:
-        exchange, routing_key, mandatory, immediate = frames.decode_publish(method)
+        exchange, routing_key, mandatory, immediate, address = frames.decode_publish(method)
         if immediate:
             raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true", (60, 40))
         ex = self.vhost.exchanges.get(exchange)
@@ -593,7 +592,7 @@ class Channel:
                     (60, 40),
                 )
             self._write_ok.add(exchange)
-        msg = Message(exchange, routing_key, props, body)
+        msg = Message(exchange, routing_key, props, body, 0, address)
         if len(props) >= 2 and (props[0] & 0x01 or props[1] & 0x10):  # expiration, user_id
             self._check_properties(msg)
         self.published += 1
@@ -683,10 +682,9 @@ class Channel:
         batch = self._batch
         if batch:
             posted = self._posted
-            send = self.credit_flow.send
+            send_many = self.credit_flow.send_many
             for q, items in batch.items():
-                for _ in items:
-                    send(q)
+                send_many(q, len(items))
                 q.post_publishes(self, items)
                 posted.add(q)
             batch.clear()
