@@ -59,12 +59,12 @@ class FrameCutter:
     __slots__ = ("buf", "frame_max")
 
     def __init__(self, frame_max: int) -> None:
-        self.buf = bytearray()
+        self.buf = b""  # the incomplete tail of the last chunk
         self.frame_max = frame_max
 
     def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
-        buf = self.buf
-        buf += data
+        # immutable bytes: a payload is one slice, one copy (a bytearray slice would be two)
+        buf = self.buf + data if self.buf else bytes(data)
         frames: list[tuple[int, int, bytes]] = []
         pos = 0
         end = len(buf)
@@ -85,10 +85,9 @@ class FrameCutter:
                 )
             if ftype not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT):
                 raise ConnectionError_(FRAME_ERROR, f"unknown frame type {ftype}")
-            frames.append((ftype, channel, bytes(buf[pos + 7 : stop])))
+            frames.append((ftype, channel, buf[pos + 7 : stop]))
             pos = stop + 1
-        if pos:
-            del buf[:pos]
+        self.buf = buf[pos:] if pos < end else b""
         return frames
 
 
