@@ -41,6 +41,9 @@ _HDR = struct.Struct(">BHI")
 _METHOD_HEAD = struct.Struct(">BHIHH")  # frame header + class id + method id
 _CONTENT_HEAD = struct.Struct(">BHIHHQ")  # frame header + class, weight, body size
 _BODY_HEAD = struct.Struct(">BHI")
+# the previous frame's end octet and the next frame's header in one pack
+_END_CONTENT_HEAD = struct.Struct(">BBHIHHQ")
+_END_BODY_HEAD = struct.Struct(">BBHI")
 _ACK = struct.Struct(">BHIHHQB")
 _QB = struct.Struct(">QB")
 _FRAME_END_BYTE = b"\xce"
@@ -182,6 +185,16 @@ def encode_deliver(
     the tag."""
     tag = _QB.pack(delivery_tag, 1 if redelivered else 0)
     head = _METHOD_HEAD.pack(FRAME_METHOD, channel, 13 + len(ctag) + len(address), 60, 60)
+    size = len(body)
+    if 0 < size <= frame_max - 8:  # the usual case: one body frame, three packs in all
+        return [
+            head, ctag, tag, address,
+            _END_CONTENT_HEAD.pack(FRAME_END, FRAME_HEADER, channel, 12 + len(props), 60, 0, size),
+            props,
+            _END_BODY_HEAD.pack(FRAME_END, FRAME_BODY, channel, size),
+            body,
+            _FRAME_END_BYTE,
+        ]
     return [head, ctag, tag, address, _FRAME_END_BYTE,
             *encode_content(channel, props, body, frame_max)]
 
