@@ -548,7 +548,12 @@ class Reader(asyncio.Protocol):
             text=m.reply_text,
         )
         self.writer.flush()
-        self._close_transport()
+        # The client closes the socket once it has close-ok; closing ours first makes a client
+        # that still writes (amqplib flushing its buffer) see EPIPE. Wait for it, briefly.
+        self.state = CLOSING
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(1.0, self._close_transport)
 
     def connection_error(self, exc: AMQPError) -> None:
         """A hard error (or a forced close): connection.close, then wait for close-ok."""
