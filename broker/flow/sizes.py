@@ -1,50 +1,16 @@
 """Sizes and watermarks as RabbitMQ writes them in its configuration.
 
-`parse_size` reads "256MiB", "1GB", "512k", "500000000"; units follow rabbit's: k/K, kiB/KiB,
-M, MiB, G, GiB are powers of 1024; kB/KB, MB, GB are powers of 1000.
+`parse_size` (broker.config.sizes, re-exported) reads "256MiB", "1GB", "512k", "500000000".
 `parse_watermark` reads vm_memory_high_watermark: a fraction of total memory (0.4, "0.4")
 or an absolute size (256MiB, 1GB, 500000000)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from broker.config.sizes import parse_size  # one size parser for the whole broker
+
 __all__ = ["Watermark", "parse_size", "parse_watermark"]
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1024,
-    "kib": 1024,
-    "kb": 1000,
-    "m": 1024**2,
-    "mib": 1024**2,
-    "mb": 1000**2,
-    "g": 1024**3,
-    "gib": 1024**3,
-    "gb": 1000**3,
-    "t": 1024**4,
-    "tib": 1024**4,
-    "tb": 1000**4,
-}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_size(value: str | int) -> int:
-    """Bytes from an int or a size string. Raises ValueError naming the bad value."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a size: {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"size must not be negative: {value}")
-        return value
-    m = _SIZE.match(value)
-    unit = _UNITS.get(m.group(2).lower()) if m else None
-    if m is None or unit is None:
-        raise ValueError(f"not a size: {value!r}")
-    return int(float(m.group(1)) * unit)
-
 
 @dataclass(frozen=True, slots=True)
 class Watermark:
