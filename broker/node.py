@@ -41,7 +41,7 @@ class Node:
         self.alarms.subscribe(self._alarm_changed)
         self.memory_monitor = MemoryMonitor(
             self.alarms,
-            str(settings.vm_memory_high_watermark),
+            settings.vm_memory_high_watermark,
             interval=settings.memory_monitor_interval_s,
             paging_ratio=settings.vm_memory_high_watermark_paging_ratio,
             on_memory_pressure=self._memory_pressure,

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from broker.config.sizes import parse_size
 from broker.flow.alarm import DISK, Alarms
 from broker.flow.periodic import PeriodicCheck
-from broker.flow.sizes import parse_size
 
 __all__ = ["DEFAULT_DISK_FREE_LIMIT", "DiskMonitor", "free_disk"]
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from broker.config.values import MemoryWatermark, watermark_value
 from broker.flow.alarm import MEMORY, Alarms
 from broker.flow.periodic import PeriodicCheck
-from broker.flow.sizes import Watermark, parse_watermark
 
 __all__ = ["MemoryMonitor", "process_memory", "total_memory"]
 
@@ -60,7 +60,7 @@ class MemoryMonitor(PeriodicCheck):
     def __init__(
         self,
         alarms: Alarms,
-        watermark: Watermark | str | float = 0.4,
+        watermark: MemoryWatermark | str | float = 0.4,
         *,
         interval: float = 0.25,
         paging_ratio: float = 0.5,
@@ -72,7 +72,8 @@ class MemoryMonitor(PeriodicCheck):
             raise ValueError(f"paging_ratio must be in (0, 1]: {paging_ratio}")
         self.alarms = alarms
         self.watermark = (
-            watermark if isinstance(watermark, Watermark) else parse_watermark(watermark)
+            watermark if isinstance(watermark, MemoryWatermark)
+            else watermark_value(watermark, True)
         )
         self.interval = interval
         self.paging_ratio = paging_ratio
@@ -86,7 +87,7 @@ class MemoryMonitor(PeriodicCheck):
     @property
     def limit(self) -> int:
         """Bytes above which the memory alarm is raised."""
-        return self.watermark.limit(self.total)
+        return self.watermark.limit_bytes(self.total)
 
     @property
     def paging_limit(self) -> int:
