@@ -129,14 +129,6 @@ class Message:
         return m
 
     # -- the on-disk form, used by the message stores and the queue index -------------------
-    @property
-    def encoded_size(self) -> int:
-        """len(self.encode()) without building it."""
-        ex, rk = self.exchange, self.routing_key
-        ex_len = len(ex) if ex.isascii() else len(ex.encode())
-        rk_len = len(rk) if rk.isascii() else len(rk.encode())
-        return _ENC_HEAD.size + ex_len + rk_len + len(self.props) + len(self.body)
-
     def encode(self) -> bytes:
         ex = self.exchange.encode()
         rk = self.routing_key.encode()

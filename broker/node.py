@@ -16,7 +16,6 @@ from broker.flow.alarm import Alarms
 from broker.flow.disk_monitor import DiskMonitor
 from broker.flow.memory_monitor import MemoryMonitor
 from broker.flow.memory_pressure import QueueLoad, ram_targets
-from broker.protocol.constants import CONNECTION_FORCED
 from broker.routing.vhost import VHost
 from broker.server.listener import start_listeners
 
@@ -49,10 +48,8 @@ class Node:
         self.disk_monitor = DiskMonitor(
             self.alarms, settings.data_dir, limit=settings.disk_free_limit
         )
-        self.ram_fraction = 1.0
         self.durable: Durable | None = None
         self.port = settings.port
-        self._stopped = asyncio.Event()
         self.management: ManagementServer | None = None  # broker/mgmt, when the port is not 0
 
     # -- set-up -----------------------------------------------------------------------------
@@ -100,7 +97,7 @@ class Node:
         await self.memory_monitor.stop()
         await self.disk_monitor.stop()
         for conn in list(self.connections):
-            conn.connection_error(_forced(reason))
+            conn.force_close(reason)
         if self.connections:
             await asyncio.sleep(0.2)  # let close frames go out; close-ok is not awaited long
         for conn in list(self.connections):
@@ -112,7 +109,6 @@ class Node:
         if self.durable is not None:
             await self.durable.stop()
         log.info("broker stopped", node=self.name)
-        self._stopped.set()
 
     # -- connections ------------------------------------------------------------------------
     def connection_opened(self, conn: Reader) -> None:
@@ -133,14 +129,8 @@ class Node:
     def _memory_pressure(self, fraction: float) -> None:
         """The memory monitor's share of RAM messages to keep (1.0: all), turned into a RAM
         target per queue, shared by message rate (rabbit_memory_monitor's job)."""
-        self.ram_fraction = fraction
         queues = [q for v in self.vhosts.values() for q in v.queues.values() if q.bq is not None]
         loads = {q: QueueLoad(q.bq.ram_msg_count, q.rate()) for q in queues}
         for q, target in ram_targets(loads, fraction).items():
             q.set_ram_target(target)
 
-
-def _forced(text: str) -> object:
-    from broker.protocol.errors import ConnectionError_
-
-    return ConnectionError_(CONNECTION_FORCED, text)

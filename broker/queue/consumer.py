@@ -50,7 +50,9 @@ class Consumer:
         self.arguments = arguments or {}
 
     def can_take(self) -> bool:
-        """Channel.can_deliver / can_deliver_acked, inlined: asked before every delivery."""
+        """May the queue deliver to this consumer now: channel open and flowing, its writer
+        not backed up, prefetch (per consumer and per channel) not used up. Asked before
+        every delivery, so the checks are inline."""
         ch = self.channel
         w = ch.writer
         if w.paused or w.full or ch.closing or ch.closed or not ch.flow_active:

@@ -112,6 +112,8 @@ class StoreLink:
     def write(self, msg_id: int, data: bytes, client: object | None) -> None:
         self.queue.credit_flow.send(self.peer)
         self.store.write(msg_id, data, self)
+        if self.client is not None:
+            self.client.stored_this_batch.add(msg_id)  # its confirm waits for the store too
 
     def read(self, msg_id: int) -> bytes:
         return self.store.read(msg_id)
@@ -160,6 +162,10 @@ class QueueDurability:
         self.persistent = persistent
         self.fsync = fsync
         self._by_msg: dict[int, _Pending] = {}
+        # bodies the variable queue just wrote to the store (not embedded in the index); the
+        # next track() of that message takes its id out. Told by StoreLink, so the embedding
+        # rule lives in one place (VariableQueue._write_body).
+        self.stored_this_batch: set[int] = set()
         self._batch: list[_Pending] = []
         self._sync_waiting: list[list[_Pending]] = []
         self._syncing = False
@@ -169,7 +175,8 @@ class QueueDurability:
     def track(self, msg: Message, channel: Channel, cseq: int) -> None:
         """A persistent message the variable queue just wrote: confirm it once it is safe."""
         needs = 1  # the index record
-        if not self.index.should_embed(msg.encoded_size):
+        if msg.msg_id in self.stored_this_batch:
+            self.stored_this_batch.discard(msg.msg_id)
             needs = 2  # and the body in the store
         p = _Pending(channel, cseq, needs)
         if needs == 2:
@@ -178,6 +185,7 @@ class QueueDurability:
 
     def end_batch(self) -> None:
         """After a queue batch: index records to the OS, then a (grouped) fsync."""
+        self.stored_this_batch.clear()  # messages published without a confirm leave ids here
         if self._delivered:
             self.index.deliver(self._delivered)
             self._delivered = []

@@ -34,6 +34,7 @@ from broker.protocol.constants import (
 )
 from broker.protocol.errors import AMQPError, ChannelError, ConnectionError_
 from broker.queue.consumer import Consumer
+from broker.routing.router import may_have_cc
 from broker.server.mailbox import Mailbox
 
 if TYPE_CHECKING:
@@ -69,7 +70,9 @@ class Channel:
         self._nacks: list[int] = []
         self._confirm_flush_scheduled = False
         self._batch: dict[AMQQueue, list[tuple[Message, int]]] = {}
-        self._write_ok: set[str] = set()
+        # exchanges this channel may publish to (write permission, not internal), by name;
+        # kept as the object checked so a deleted-and-redeclared exchange is checked again
+        self._write_ok: dict[str, Exchange] = {}
         self.tx = False
         self._tx_publishes: list[tuple[Exchange, Message, bool]] = []
         self._tx_acks: list[tuple[str, int, bool, bool]] = []
@@ -101,9 +104,6 @@ class Channel:
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name=f"channel:{self.reader.name}:{self.number}"
         )
-
-    def post(self, command: tuple[Any, ...]) -> None:
-        self.mailbox.put(command)
 
     async def _run(self) -> None:
         mailbox = self.mailbox
@@ -273,7 +273,7 @@ class Channel:
     def _exchange_delete(self, m: commands.Exchange.Delete) -> None:
         self._check("configure", "exchange", m.exchange)
         self.vhost.delete_exchange(m.exchange, m.if_unused)
-        self._write_ok.discard(m.exchange)
+        self._write_ok.pop(m.exchange, None)
         if not m.nowait:
             self._send(commands.Exchange.DeleteOk())
 
@@ -446,19 +446,7 @@ class Channel:
             )
         )
 
-    # -- delivery (called by queues) --------------------------------------------------------
-    def can_deliver(self) -> bool:
-        w = self.writer
-        return (
-            self.flow_active and not w.paused and not w.full and not self.closing
-            and not self.closed
-        )
-
-    def can_deliver_acked(self) -> bool:
-        if self.global_prefetch and self.consumer_unacked >= self.global_prefetch:
-            return False
-        return self.can_deliver()
-
+    # -- delivery (called by queues; Consumer.can_take says whether one may come) ----------
     def deliver(self, consumer: Consumer, queue: AMQQueue, entry: Entry) -> None:
         tag = self.next_tag
         self.next_tag = tag + 1
@@ -577,7 +565,7 @@ class Channel:
         if immediate:
             raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true", (60, 40))
         ex = self.vhost.exchanges.get(exchange)
-        if ex is None or exchange not in self._write_ok:
+        if ex is None or self._write_ok.get(exchange) is not ex:
             try:
                 self._check("write", "exchange", exchange)
                 ex = self.vhost.exchange(exchange)
@@ -591,7 +579,7 @@ class Channel:
                     f"'{self.vhost.name}'",
                     (60, 40),
                 )
-            self._write_ok.add(exchange)
+            self._write_ok[exchange] = ex
         msg = Message(exchange, routing_key, props, body, 0, address)
         if len(props) >= 2 and (props[0] & 0x01 or props[1] & 0x10):  # expiration, user_id
             self._check_properties(msg)
@@ -660,7 +648,8 @@ class Channel:
                     self._acks.append(seq)
                 self._schedule_confirms()
             return
-        if msg.props and msg.props[0] & 0x20 and "BCC" in msg.headers:
+        # raw-bytes test first: decoding every message's headers to look for BCC is not free
+        if may_have_cc(msg.props) and "BCC" in msg.headers:
             props = msg.properties
             headers = dict(props.headers or {})
             headers.pop("BCC", None)

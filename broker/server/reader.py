@@ -391,13 +391,20 @@ class Reader(asyncio.Protocol):
         if cmd is None:
             return
         if cmd[0] == "content":
-            self.credit_flow.send(ch)
-            if self.alarm_blocked:
-                ch.published_since_alarm = True
-        elif payload[:4] == _CHANNEL_CLOSE:
+            self._post_publish(ch, cmd)
+            return
+        if payload[:4] == _CHANNEL_CLOSE:
             # the number is free again as soon as the client closed it
             del self.channels[number]
             del self.assemblers[number]
+        ch.mailbox.put_quiet(cmd)
+        self._touched.add(ch)
+
+    def _post_publish(self, ch: Channel, cmd: tuple[Any, ...]) -> None:
+        """A whole publish for a channel: one credit spent, woken at the end of the chunk."""
+        self.credit_flow.send(ch)
+        if self.alarm_blocked:
+            ch.published_since_alarm = True
         ch.mailbox.put_quiet(cmd)
         self._touched.add(ch)
 
@@ -423,11 +430,7 @@ class Reader(asyncio.Protocol):
         ch = self.channels.get(number)
         if ch is None or ch.closing or not self.assemblers[number].idle:
             return False
-        self.credit_flow.send(ch)
-        if self.alarm_blocked:
-            ch.published_since_alarm = True
-        ch.mailbox.put_quiet(("content", method, header[12:], body))
-        self._touched.add(ch)
+        self._post_publish(ch, ("content", method, header[12:], body))
         return True
 
     def _closing_frame(self, number: int, ftype: int, payload: bytes) -> None:

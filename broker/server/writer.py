@@ -67,6 +67,7 @@ class Writer:
             if self._transport.is_closing():
                 return
             self.activity = True
+            self.bytes_out += sum(map(len, buf))  # send_oct in the management API
             self._transport.writelines(buf)
         if was_full and not self.paused and self.on_resume is not None:
             self.on_resume()

@@ -185,6 +185,8 @@ async def test_connections_channels_and_forced_close(mgmt: MgmtBroker) -> None:
     assert info["peer_host"] == "127.0.0.1" and info["port"] == mgmt.port
     assert info["protocol"] == "AMQP 0-9-1" and info["channels"] == 1
     assert info["client_properties"]["product"] == "aiormq"
+    # the handshake went both ways: bytes counted in and out
+    assert info["recv_oct"] > 0 and info["send_oct"] > 0
     assert mgmt.get(f"/api/connections/{info['name']}")["name"] == info["name"]
     chans = [c for c in mgmt.get("/api/channels")
              if c["connection_details"]["name"] == info["name"]]
