@@ -1,4 +1,4 @@
-"""One writer per socket: frames are appended to a buffer and written with one `writelines`
+"""One writer per socket: frames are appended to a buffer and written as one joined buffer
 per loop iteration, so a burst of deliveries and acks becomes one syscall."""
 
 from __future__ import annotations
@@ -67,8 +67,9 @@ class Writer:
             if self._transport.is_closing():
                 return
             self.activity = True
-            self.bytes_out += sum(map(len, buf))  # send_oct in the management API
-            self._transport.writelines(buf)
+            data = b"".join(buf)  # one buffer for the kernel, and its size for send_oct
+            self.bytes_out += len(data)
+            self._transport.write(data)
         if was_full and not self.paused and self.on_resume is not None:
             self.on_resume()
 
