@@ -6,18 +6,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import BrokerProc
 
 
 def free_port() -> int:
@@ -27,62 +23,35 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class MgmtBroker:
-    """hare-server with `--management-port` set; `start()` waits for both listening lines."""
+class MgmtBroker(BrokerProc):
+    """tests.conftest.BrokerProc with `--management-port` set to a free port; `start()` also
+    waits for the management listener's line."""
 
     def __init__(self, data_dir: Path, args: list[str] | None = None) -> None:
-        self.data_dir = data_dir
-        self.args = list(args or [])
-        self.proc: subprocess.Popen[str] | None = None
-        self.port = 0
+        super().__init__(data_dir, args)
         self.mgmt_port = 0
-        self.log_path = data_dir.parent / f"{data_dir.name}.log"
-
-    @property
-    def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
 
     @property
     def http(self) -> str:
         return f"http://127.0.0.1:{self.mgmt_port}"
 
     def start(self, timeout: float = 20.0) -> MgmtBroker:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.pop("HARE_CONFIG", None)
         want = free_port()
-        self.port = self.mgmt_port = 0
-        cmd = [sys.executable, "-m", "broker", "--port", "0", "--data-dir", str(self.data_dir),
-               "--log-format", "json", "--management-host", "127.0.0.1",
-               "--management-port", str(want), *self.args]
-        log = open(self.log_path, "a")  # noqa: SIM115 - owned by the process
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
-                                     env=env, cwd=ROOT)
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not (self.port and self.mgmt_port):
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            if line.startswith("hare-server listening on port"):
-                self.port = int(line.rsplit(" ", 1)[1])
-            elif line.startswith("hare-management listening on port"):
-                self.mgmt_port = int(line.rsplit(" ", 1)[1])
-        if not (self.port and self.mgmt_port):
+        base_args = self.args
+        self.args = [*base_args, "--management-host", "127.0.0.1",
+                     "--management-port", str(want)]
+        try:
+            super().start(timeout)  # returns at the AMQP listener's line; ours comes next
+        finally:
+            self.args = base_args
+        assert self.proc is not None and self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("hare-management listening on port"):
             self.proc.kill()
-            raise RuntimeError(f"broker did not start; log:\n{self.log_path.read_text()[-4000:]}")
+            raise RuntimeError(f"management listener did not start; log:\n{self.log()}")
+        self.mgmt_port = int(line.rsplit(" ", 1)[1])
         assert self.mgmt_port == want
         return self
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
 
     def api(self, method: str, path: str, body: Any = None, *, user: str = "guest",
             password: str = "guest", headers: dict[str, str] | None = None
