@@ -30,7 +30,7 @@ from broker.store.queue_index import QueueIndex, msg_refs, remove_orphans
 
 if TYPE_CHECKING:
     from broker.node import Node
-    from broker.routing.vhost import VHost
+    from broker.vhost import VHost
 
 __all__ = ["Durable"]
 

@@ -16,8 +16,8 @@ from broker.flow.alarm import Alarms
 from broker.flow.disk_monitor import DiskMonitor
 from broker.flow.memory_monitor import MemoryMonitor
 from broker.flow.memory_pressure import QueueLoad, ram_targets
-from broker.routing.vhost import VHost
 from broker.server.listener import start_listeners
+from broker.vhost import VHost
 
 if TYPE_CHECKING:
     from broker.mgmt import ManagementServer

@@ -1,1 +1,1 @@
-"""Back-pressure: credit flow between actors, memory and disk monitors, resource alarms."""
+"""Back-pressure: task mailboxes, credit flow between actors, memory and disk monitors, alarms."""

@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from broker.node import Node
     from broker.queue.amqqueue import AMQQueue
     from broker.routing.exchange import Exchange
-    from broker.routing.vhost import VHost
     from broker.server.reader import Reader
+    from broker.vhost import VHost
 
 __all__ = ["add_routes", "free_disk_bytes", "opened_connections", "vhost_of"]
 

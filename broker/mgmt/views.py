@@ -17,9 +17,9 @@ if TYPE_CHECKING:
     from broker.node import Node
     from broker.queue.amqqueue import AMQQueue
     from broker.queue.consumer import Consumer
-    from broker.routing.vhost import VHost
     from broker.server.channel import Channel
     from broker.server.reader import Reader
+    from broker.vhost import VHost
 
 __all__ = [
     "binding_json",

@@ -8,4 +8,7 @@ scenarios.py the eight scenarios and their orchestration
 report.py   text and JSON output
 cli.py      `hare-perf SCENARIO --url URL ...`
 suite.py    `python -m broker.perf.suite --url URL [--url URL2]` (all scenarios, side by side)
+bench_routing.py   topic-routing micro-benchmark (10 vs 10,000 bindings)
+bench_store.py     msg_store write/read/remove micro-benchmark
+bench_recovery.py  start-up time and peak RSS after kill -9 with N persistent messages
 """

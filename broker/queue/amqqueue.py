@@ -17,17 +17,17 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from broker.flow.credit_flow import DEFAULT_CREDIT, CreditFlow
+from broker.flow.mailbox import Mailbox
 from broker.flow.memory_pressure import RateMeter
 from broker.message import Message
 from broker.queue import dead_letter as dlx
 from broker.queue.consumer import Consumer
 from broker.queue.durability import QueueDurability
 from broker.queue.variable_queue import Entry, VariableQueue
-from broker.server.mailbox import Mailbox
 
 if TYPE_CHECKING:
-    from broker.routing.vhost import VHost
     from broker.server.channel import Channel
+    from broker.vhost import VHost
 
 __all__ = ["AMQQueue", "QueueArgs"]
 

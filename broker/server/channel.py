@@ -19,6 +19,7 @@ import structlog
 from pamqp import commands
 
 from broker.flow.credit_flow import CreditFlow
+from broker.flow.mailbox import Mailbox
 from broker.message import Message
 from broker.protocol import frames
 from broker.protocol.command_assembler import ACK_INDEX
@@ -35,7 +36,6 @@ from broker.protocol.constants import (
 from broker.protocol.errors import AMQPError, ChannelError, ConnectionError_
 from broker.queue.consumer import Consumer
 from broker.routing.router import may_have_cc
-from broker.server.mailbox import Mailbox
 
 if TYPE_CHECKING:
     from broker.queue.amqqueue import AMQQueue

@@ -40,7 +40,7 @@ from broker.server.writer import Writer
 if TYPE_CHECKING:
     from broker.auth import Permissions
     from broker.node import Node
-    from broker.routing.vhost import VHost
+    from broker.vhost import VHost
 
 __all__ = ["Reader"]
 

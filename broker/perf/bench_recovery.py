@@ -2,7 +2,7 @@
 broker, start it again and time it until it accepts connections; report seconds and the peak
 RSS (VmHWM) of the recovering process.
 
-    python -m broker.store.bench_recovery [--count 1000000] [--size 100]
+    python -m broker.perf.bench_recovery [--count 1000000] [--size 100]
 
 Small bodies are embedded in the queue index; with --size above 4096 they go to the
 msg_store instead."""
