@@ -1,0 +1,21 @@
+"""Hare's Spark connector: data sources on Spark 4's Python Data Source API.
+
+Install with ``pip install 'hare-broker[spark]'``. Nothing else in ``broker`` imports this
+package (or pyspark): the broker runs without Spark installed. See docs/SPARK.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["register"]
+
+
+def register(spark: SparkSession) -> None:
+    """Register Hare's data sources with `spark`: "amqp" (stream source, sink)."""
+    from broker.spark.amqp import AmqpDataSource
+
+    spark.dataSource.register(AmqpDataSource)

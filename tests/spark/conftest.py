@@ -1,0 +1,52 @@
+"""One local SparkSession for the whole test run, shared by every Spark test.
+
+Spark starts its Python workers with the interpreter named by PYSPARK_PYTHON; we name the one
+running the tests, so workers import `broker` from this checkout's virtualenv.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def java_found() -> bool:
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        return True
+    return shutil.which("java") is not None
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    if not java_found():
+        pytest.skip("Java not found")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession
+
+    from broker.spark import register
+
+    scratch = tmp_path_factory.mktemp("spark")
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("hare-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "512m")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.local.dir", str(scratch / "local"))
+        .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
+        .config("spark.sql.streaming.stopTimeout", "10s")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()
