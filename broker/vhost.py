@@ -99,7 +99,7 @@ class VHost:
     ) -> Exchange:
         if passive:
             if name == "":
-                return self.default_exchange
+                self._not_default(self.default_exchange)  # RabbitMQ: 403, passive or not
             return self.exchange(name)
         if type_ not in Exchange._types:  # RabbitMQ checks the type before anything else
             raise ConnectionError_(COMMAND_INVALID, f"unknown exchange type '{type_}'")
@@ -153,7 +153,9 @@ class VHost:
         return ex
 
     def delete_exchange(self, name: str, if_unused: bool = False) -> None:
-        if name == "" or name.startswith("amq."):
+        if name == "":
+            self._not_default(self.default_exchange)
+        if name.startswith("amq."):
             raise ChannelError(
                 ACCESS_REFUSED, f"operation not permitted on exchange '{name}' {self._where()}"
             )
@@ -185,10 +187,12 @@ class VHost:
     def unbind_exchange(
         self, destination: str, source: str, routing_key: str, arguments: dict[str, Any]
     ) -> None:
-        dst = self.exchange(destination)
-        src = self.exchange(source)
-        self._not_default(src, dst)
-        if src.unbind(dst, routing_key, arguments):
+        """A binding whose source or destination no longer exists is already gone: unbind-ok,
+        as RabbitMQ (clients' clean-up code deletes first and unbinds after)."""
+        dst = self.exchanges.get(destination)
+        src = self.exchanges.get(source)
+        self._not_default(*(x for x in (src, dst) if x is not None))
+        if src is not None and dst is not None and src.unbind(dst, routing_key, arguments):
             self._changed("delete_binding", (src, dst, routing_key, arguments))
             self._maybe_auto_delete(src)
 
@@ -196,8 +200,7 @@ class VHost:
         for ex in exchanges:
             if ex is self.default_exchange:
                 raise ChannelError(
-                    ACCESS_REFUSED,
-                    f"operation not permitted on the default exchange {self._where()}",
+                    ACCESS_REFUSED, "operation not permitted on the default exchange"
                 )
 
     def _maybe_auto_delete(self, ex: Exchange) -> None:
@@ -332,11 +335,15 @@ class VHost:
             self._changed("put_binding", (ex, queue, routing_key, arguments))
 
     def unbind_queue(
-        self, queue: AMQQueue, exchange: str, routing_key: str, arguments: dict[str, Any]
+        self, queue: AMQQueue | None, exchange: str, routing_key: str, arguments: dict[str, Any]
     ) -> None:
-        ex = self.exchange(exchange)
+        """`queue` None: it no longer exists. Like a missing exchange, that is unbind-ok (as
+        RabbitMQ), but unbinding from the default exchange is 403 either way."""
+        ex = self.exchanges.get(exchange)
+        if ex is None:
+            return
         self._not_default(ex)
-        if ex.unbind(queue, routing_key, arguments):
+        if queue is not None and ex.unbind(queue, routing_key, arguments):
             self._changed("delete_binding", (ex, queue, routing_key, arguments))
             self._maybe_auto_delete(ex)
 

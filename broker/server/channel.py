@@ -120,11 +120,14 @@ class Channel:
                         publishes += 1
                     continue
                 try:
-                    if cmd[0] == "content":
+                    kind = cmd[0]
+                    if kind == "content":
                         publishes += 1
                         self._publish(cmd[1], cmd[2], cmd[3])
-                    else:
+                    elif kind == "method":
                         self._method(cmd[1])
+                    else:
+                        self._notify_cancel(cmd[1])
                 except ChannelError as exc:
                     self._flush_batch()
                     self._fail(exc)
@@ -343,7 +346,7 @@ class Channel:
         m.queue = self._last_queue(m.queue)
         self._check("write", "queue", m.queue)
         self._check("read", "exchange", m.exchange)
-        q = self.vhost.queue(m.queue, self.reader)
+        q = self.vhost.queue(m.queue, self.reader) if m.queue in self.vhost.queues else None
         self.vhost.unbind_queue(q, m.exchange, m.routing_key, m.arguments or {})
         self._send(commands.Queue.UnbindOk())
 
@@ -413,9 +416,16 @@ class Channel:
             consumer.queue.remove_consumer(consumer)
 
     def consumer_cancelled_by_queue(self, consumer: Consumer) -> None:
-        """The queue went away: tell the client (consumer_cancel_notify)."""
-        if self.consumers.pop(consumer.tag, None) is None or self.closed or self.closing:
-            return
+        """The queue went away (its consumers are already off it): tell the client through
+        our mailbox, as the queue process messages RabbitMQ's channel. So the basic.cancel
+        follows whatever the channel is answering now: a queue.delete on this channel gets
+        its delete-ok first, as from RabbitMQ."""
+        self.mailbox.put(("cancelled", consumer))
+
+    def _notify_cancel(self, consumer: Consumer) -> None:
+        if self.consumers.get(consumer.tag) is not consumer:
+            return  # the client cancelled it meanwhile
+        del self.consumers[consumer.tag]
         if self.reader.client_capability("consumer_cancel_notify"):
             self._send(commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
 

@@ -447,9 +447,14 @@ class Reader(asyncio.Protocol):
                 ch.stop()
 
     def _open_channel(self, number: int) -> None:
-        if number > self.channel_max:
+        # channel_max limits how many channels are open at once, not their numbers (RabbitMQ:
+        # channel 65535 opens on a connection that negotiated 2047); 0 means the protocol's
+        channel_max = self.channel_max or 65535
+        if len(self.channels) >= channel_max:
             raise ConnectionError_(
-                CHANNEL_ERROR, f"channel number {number} exceeds channel_max {self.channel_max}"
+                NOT_ALLOWED,
+                f"number of channels opened ({len(self.channels)}) has reached the "
+                f"negotiated channel_max ({channel_max})",
             )
         ch = Channel(number, self)
         self.channels[number] = ch

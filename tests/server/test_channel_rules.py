@@ -669,10 +669,10 @@ def test_consume_exclusive_when_others_consume_is_403(broker):
          commands.Basic.ConsumeOk)
     channel_error(c, commands.Basic.Consume(queue=q), 403, "exclusive use", ch=2)
     c.send_method(2, commands.Queue.Delete(queue=q))
-    # the deleted queue's consumer is cancelled (consumer_cancel_notify), then delete-ok
+    # delete-ok, then the deleted queue's consumer is cancelled (consumer_cancel_notify)
+    c.expect(commands.Queue.DeleteOk, 2)
     cancel = c.expect(commands.Basic.Cancel, 1)
     assert cancel.consumer_tag == "mine"
-    c.expect(commands.Queue.DeleteOk, 2)
     c.close()
 
 
