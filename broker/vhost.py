@@ -21,6 +21,7 @@ from broker.protocol.constants import (
 )
 from broker.protocol.errors import ChannelError, ConnectionError_
 from broker.queue.amqqueue import AMQQueue
+from broker.queue.arguments import fmt_value, same_argument, validate_queue
 from broker.queue.dead_letter import is_cycle
 from broker.routing.exchange import Exchange
 from broker.routing.router import may_have_cc, routing_keys
@@ -40,10 +41,6 @@ PREDECLARED = (
     ("amq.headers", "headers"),
     ("amq.match", "headers"),
 )
-
-_QUEUE_INT_ARGS = ("x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes")
-_QUEUE_STR_ARGS = ("x-dead-letter-exchange", "x-dead-letter-routing-key", "x-overflow")
-_OVERFLOW = ("drop-head", "reject-publish", "reject-publish-dlx")
 
 
 class VHost:
@@ -133,8 +130,8 @@ class VHost:
                 raise ChannelError(
                     PRECONDITION_FAILED,
                     f"inequivalent arg 'alternate-exchange' for exchange '{name}' "
-                    f"{self._where()}: received {_fmt_arg(_text(want_ae))} but current is "
-                    f"{_fmt_arg(_text(have_ae))}",
+                    f"{self._where()}: received {fmt_value(_text(want_ae))} but current is "
+                    f"{fmt_value(_text(have_ae))}",
                 )
             return existing
         try:
@@ -253,16 +250,17 @@ class VHost:
                         f"received '{_fmt(want)}' but current is '{_fmt(have)}'",
                     )
             for key in set(arguments) | set(existing.arguments):
-                if key.startswith("x-") and arguments.get(key) != existing.arguments.get(key):
+                have, want = existing.arguments.get(key), arguments.get(key)
+                if key.startswith("x-") and not same_argument(key, have, want):
                     raise ChannelError(
                         PRECONDITION_FAILED,
                         f"inequivalent arg '{key}' for queue '{name}' {self._where()}: "
-                        f"received {_fmt_arg(arguments.get(key))} but current is "
-                        f"{_fmt_arg(existing.arguments.get(key))}",
+                        f"received {fmt_value(want)} but current is {fmt_value(have)}",
                     )
             existing.touch()
             return existing
-        self._validate_queue_args(name, arguments)
+        validate_queue(name, self.name, arguments, durable=durable, exclusive=exclusive,
+                       auto_delete=auto_delete)
         q = AMQQueue(
             self,
             name,
@@ -277,35 +275,6 @@ class VHost:
         q.start()
         self._changed("put_queue", q)
         return q
-
-    def _validate_queue_args(self, name: str, arguments: dict[str, Any]) -> None:
-        for key in _QUEUE_INT_ARGS:
-            if key in arguments:
-                value = arguments[key]
-                minimum = 1 if key == "x-expires" else 0
-                if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                    raise ChannelError(
-                        PRECONDITION_FAILED,
-                        f"invalid arg '{key}' for queue '{name}' {self._where()}: "
-                        f"{_fmt_arg(value)}",
-                    )
-        for key in _QUEUE_STR_ARGS:
-            if key in arguments:
-                value = arguments[key]
-                if isinstance(value, bytes):
-                    value = arguments[key] = value.decode()
-                if not isinstance(value, str) or (key == "x-overflow" and value not in _OVERFLOW):
-                    raise ChannelError(
-                        PRECONDITION_FAILED,
-                        f"invalid arg '{key}' for queue '{name}' {self._where()}: "
-                        f"{_fmt_arg(value)}",
-                    )
-        if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
-            raise ChannelError(
-                PRECONDITION_FAILED,
-                f"invalid arg 'x-dead-letter-routing-key' for queue '{name}' {self._where()}: "
-                "x-dead-letter-exchange is not set",
-            )
 
     def delete_queue(self, q: AMQQueue, *, if_unused: bool = False, if_empty: bool = False) -> int:
         if if_unused and q.consumers:
@@ -401,11 +370,3 @@ def _fmt(value: object) -> str:
 
 def _text(value: object) -> object:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
-
-
-def _fmt_arg(value: object) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, int | bool):
-        return f"{{long,{value}}}" if not isinstance(value, bool) else f"{{bool,{_fmt(value)}}}"
-    return f'{{longstr,<<"{value}">>}}'

@@ -198,3 +198,29 @@ def test_verify_a_stopped_broker_store(tmp_path: Path) -> None:
 
     missing = run_ctl("verify", str(tmp_path / "nope"))
     assert missing.returncode == 65 and "is not a directory" in missing.stderr
+
+
+async def test_list_queues_shows_the_real_type(mb: MgmtBroker) -> None:
+    conn = await aio_pika.connect(mb.url)
+    ch = await conn.channel()
+    await ch.declare_queue("ctl.quorum", durable=True, arguments={"x-queue-type": "quorum"})
+    await ch.declare_queue("ctl.stream", durable=True, arguments={"x-queue-type": "stream"})
+    done = await ctl(mb, "list_queues", "name", "type")
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()]
+    assert ["ctl.quorum", "classic"] in rows and ["ctl.stream", "classic"] in rows
+    sac = await ch.declare_queue("ctl.sac", auto_delete=True,
+                                 arguments={"x-single-active-consumer": True})
+
+    async def hold(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        """Keep the delivery unacknowledged."""
+
+    await sac.consume(hold, consumer_tag="a")
+    await sac.consume(hold, consumer_tag="b")
+    done = await ctl(mb, "--json", "list_consumers", "consumer_tag", "active", "activity_status")
+    rows = json.loads(done.stdout)
+    assert {"consumer_tag": "a", "active": True, "activity_status": "single_active"} in rows
+    assert {"consumer_tag": "b", "active": False, "activity_status": "waiting"} in rows
+    for name in ("ctl.quorum", "ctl.stream"):
+        await ch.queue_delete(name)
+    await conn.close()

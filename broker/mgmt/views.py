@@ -47,6 +47,7 @@ def queue_json(q: AMQQueue, stats: Stats, node_name: str) -> dict[str, Any]:
     messages = int(info.get("messages", 0))
     body_bytes = int(info.get("message_bytes_ready", 0))
     owner = q.exclusive_owner
+    sac = q.active_consumer
     return {
         "name": q.name,
         "vhost": q.vhost.name,
@@ -56,7 +57,7 @@ def queue_json(q: AMQQueue, stats: Stats, node_name: str) -> dict[str, Any]:
         "owner_pid_details": {"name": getattr(owner, "name", "")} if owner is not None else None,
         "arguments": q.arguments,
         "node": node_name,
-        "type": "classic",
+        "type": q.args.TYPE,
         "state": "running",
         "messages": messages,
         "messages_details": details(stats.rate(q, "messages")),
@@ -66,6 +67,8 @@ def queue_json(q: AMQQueue, stats: Stats, node_name: str) -> dict[str, Any]:
         "messages_unacknowledged_details": details(stats.rate(q, "messages_unacknowledged")),
         "message_bytes_ready": body_bytes,
         "consumers": int(info.get("consumers", 0)),
+        "exclusive_consumer_tag": next((c.tag for c in q.consumers if c.exclusive), None),
+        "single_active_consumer_tag": sac.tag if sac is not None else None,
         "memory": _PER_QUEUE_BYTES + body_bytes + messages * _PER_MESSAGE_BYTES,
         "message_stats": message_stats,
     }
@@ -201,6 +204,7 @@ def channel_json(ch: Channel, node: Node) -> dict[str, Any]:
 
 def consumer_json(c: Consumer) -> dict[str, Any]:
     ch = c.channel
+    active, status = c.queue.consumer_activity(c)
     return {
         "consumer_tag": c.tag,
         "queue": {"name": c.queue.name, "vhost": c.queue.vhost.name},
@@ -216,8 +220,8 @@ def consumer_json(c: Consumer) -> dict[str, Any]:
         "exclusive": c.exclusive,
         "prefetch_count": c.prefetch,
         "arguments": c.arguments,
-        "active": True,
-        "activity_status": "up",
+        "active": active,
+        "activity_status": status,
     }
 
 

@@ -21,6 +21,7 @@ from broker.flow.mailbox import Mailbox
 from broker.flow.memory_pressure import RateMeter
 from broker.message import Message
 from broker.queue import dead_letter as dlx
+from broker.queue.arguments import QueueArgs
 from broker.queue.consumer import Consumer
 from broker.queue.durability import QueueDurability
 from broker.queue.variable_queue import Entry, VariableQueue
@@ -29,12 +30,16 @@ if TYPE_CHECKING:
     from broker.server.channel import Channel
     from broker.vhost import VHost
 
-__all__ = ["AMQQueue", "QueueArgs"]
+__all__ = ["AMQQueue"]
 
 log = structlog.get_logger("hare.queue")
 
 _WAKE = ("wake",)
 DELIVERY_BATCH = 1000  # deliveries per queue wake-up before yielding to the loop
+
+
+def _priority(consumer: Consumer) -> int:
+    return consumer.priority
 
 
 def _credit(vhost: VHost) -> tuple[int, int]:
@@ -43,23 +48,6 @@ def _credit(vhost: VHost) -> tuple[int, int]:
         return DEFAULT_CREDIT
     s = node.settings
     return s.credit_flow_initial_credit, s.credit_flow_more_credit_after
-
-
-class QueueArgs:
-    """The x-arguments a queue understands, validated at declare time by the vhost."""
-
-    __slots__ = (
-        "dlrk", "dlx", "expires_ms", "max_length", "max_length_bytes", "overflow", "ttl_ms",
-    )
-
-    def __init__(self, arguments: dict[str, Any]) -> None:
-        self.ttl_ms: int | None = arguments.get("x-message-ttl")
-        self.expires_ms: int | None = arguments.get("x-expires")
-        self.max_length: int | None = arguments.get("x-max-length")
-        self.max_length_bytes: int | None = arguments.get("x-max-length-bytes")
-        self.overflow: str = arguments.get("x-overflow", "drop-head")
-        self.dlx: str | None = arguments.get("x-dead-letter-exchange")
-        self.dlrk: str | None = arguments.get("x-dead-letter-routing-key")
 
 
 class AMQQueue:
@@ -84,7 +72,12 @@ class AMQQueue:
         self.bq: VariableQueue = None  # type: ignore[assignment]
         self.durability: QueueDurability | None = None
         self._rate = RateMeter()
+        # every consumer, in the order they came; a plain queue delivers round-robin over it
         self.consumers: deque[Consumer] = deque()
+        # consumer priorities or single active consumer: who may receive, as round-robin
+        # groups, highest priority first (None: deliver over `consumers`)
+        self._groups: list[deque[Consumer]] | None = None
+        self.active_consumer: Consumer | None = None  # x-single-active-consumer's
         self.mailbox = Mailbox()
         self.deleted = False
         self._had_consumer = False
@@ -105,6 +98,12 @@ class AMQQueue:
 
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> None:
+        if self.args.queue_type != QueueArgs.TYPE:
+            # applications declare quorum/stream queues unconditionally; say loudly that this
+            # one is not replicated
+            log.warning("queue type not available, the queue is a classic queue",
+                        queue=self.name, vhost=self.vhost.name, requested=self.args.queue_type,
+                        actual=QueueArgs.TYPE)
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"queue:{self.name}")
         self._arm_expiry()
 
@@ -307,16 +306,28 @@ class AMQQueue:
 
     # -- delivery ---------------------------------------------------------------------------
     def _deliver(self) -> None:
-        consumers = self.consumers
-        bq = self.bq
-        if not consumers or not bq:
+        if not self.bq:
             return
+        groups = self._groups
+        if groups is None:  # no consumer priorities, no single active consumer: the hot path
+            if self.consumers:
+                self._deliver_to(self.consumers, DELIVERY_BATCH)
+            return
+        budget = DELIVERY_BATCH
+        for group in groups:  # highest priority first; a lower one only gets what they can't
+            budget = self._deliver_to(group, budget)
+            if budget < 0 or not self.bq:
+                break
+
+    def _deliver_to(self, consumers: deque[Consumer], budget: int) -> int:
+        """Round-robin over `consumers` while one can take a message. Returns the budget left
+        (negative: used up, a wake-up is queued)."""
+        bq = self.bq
         n = len(consumers)
         idle = 0
         now = self._now
         expired: list[Entry] = []
         durability = self.durability
-        budget = DELIVERY_BATCH
         while bq and idle < n:
             budget -= 1
             if budget < 0:  # let the writers flush and other queues run, then go on
@@ -344,6 +355,7 @@ class AMQQueue:
             idle = 0
         if expired:
             self._dead_letter([e[1] for e in expired], dlx.EXPIRED)
+        return budget
 
     # -- synchronous operations (called by channels) ----------------------------------------
     def get(self, ack_required: bool) -> tuple[Entry, int] | None:
@@ -401,6 +413,11 @@ class AMQQueue:
         self.drain()
         self.consumers.append(consumer)
         self._had_consumer = True
+        if self.args.single_active:
+            if self.active_consumer is None:
+                self._activate(consumer)
+        elif consumer.priority or self._groups is not None:
+            self._add_to_group(consumer)
         self.touch()
         self.wake()
 
@@ -409,10 +426,62 @@ class AMQQueue:
             self.consumers.remove(consumer)
         except ValueError:
             return
+        if self.args.single_active:
+            if consumer is self.active_consumer:
+                # the next one takes over: highest x-priority, then the longest waiting
+                nxt = max(self.consumers, key=_priority, default=None)
+                self._activate(nxt)
+                self.wake()
+        elif self._groups is not None:
+            self._remove_from_group(consumer)
         if not self.consumers:
             self.touch()
             if self.auto_delete and self._had_consumer and not self.deleted:
                 self.vhost.delete_queue(self)
+
+    def _activate(self, consumer: Consumer | None) -> None:
+        """x-single-active-consumer: only `consumer` receives (one group of one)."""
+        self.active_consumer = consumer
+        self._groups = [deque((consumer,))] if consumer is not None else []
+
+    def _add_to_group(self, consumer: Consumer) -> None:
+        """Consumer priorities: one round-robin group per x-priority, highest first. Plain
+        queues keep `_groups` None and deliver round-robin over `consumers`."""
+        if self._groups is None:  # the first prioritised consumer: group the others too
+            self._groups = []
+            for c in self.consumers:
+                if c is not consumer:
+                    self._add_to_group(c)
+        groups = self._groups
+        for i, group in enumerate(groups):
+            p = group[0].priority
+            if p == consumer.priority:
+                group.append(consumer)
+                return
+            if p < consumer.priority:
+                groups.insert(i, deque((consumer,)))
+                return
+        groups.append(deque((consumer,)))
+
+    def _remove_from_group(self, consumer: Consumer) -> None:
+        groups = self._groups
+        assert groups is not None
+        for i, group in enumerate(groups):
+            if group[0].priority == consumer.priority:
+                group.remove(consumer)
+                if not group:
+                    del groups[i]
+                break
+        if not any(g[0].priority for g in groups):
+            self._groups = None  # only priority 0 left: back to the plain path
+
+    def consumer_activity(self, consumer: Consumer) -> tuple[bool, str]:
+        """(active, activity_status) as RabbitMQ's management API shows a consumer."""
+        if not self.args.single_active:
+            return True, "up"
+        if consumer is self.active_consumer:
+            return True, "single_active"
+        return False, "waiting"
 
     def has_exclusive_consumer(self) -> bool:
         return any(c.exclusive for c in self.consumers)

@@ -22,6 +22,7 @@ class Consumer:
         "exclusive",
         "no_ack",
         "prefetch",
+        "priority",
         "queue",
         "tag",
         "tag_sstr",
@@ -38,6 +39,7 @@ class Consumer:
         exclusive: bool,
         prefetch: int,
         arguments: dict[str, Any] | None = None,
+        priority: int = 0,
     ) -> None:
         self.tag = tag
         self.tag_sstr = shortstr(tag)
@@ -48,6 +50,7 @@ class Consumer:
         self.prefetch = prefetch  # 0 = unlimited
         self.unacked = 0
         self.arguments = arguments or {}
+        self.priority = priority  # x-priority: higher ones are served first
 
     def can_take(self) -> bool:
         """May the queue deliver to this consumer now: channel open and flowing, its writer

@@ -34,6 +34,7 @@ from broker.protocol.constants import (
     PRECONDITION_FAILED,
 )
 from broker.protocol.errors import AMQPError, ChannelError, ConnectionError_
+from broker.queue.arguments import consumer_priority
 from broker.queue.consumer import Consumer
 from broker.routing.router import may_have_cc
 
@@ -394,6 +395,7 @@ class Channel:
                 ACCESS_REFUSED,
                 f"queue '{q.name}' in vhost '{self.vhost.name}' in exclusive use",
             )
+        priority = consumer_priority(m.arguments, q.name, self.vhost.name)
         consumer = Consumer(
             tag,
             self,
@@ -402,6 +404,7 @@ class Channel:
             exclusive=m.exclusive,
             prefetch=self.prefetch_count,
             arguments=m.arguments,
+            priority=priority,
         )
         self.consumers[tag] = consumer
         if not m.nowait:

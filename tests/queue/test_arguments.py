@@ -1,0 +1,127 @@
+"""Queue and consumer x-argument validation through pika, with RabbitMQ 3.10.8's reply codes and
+texts, and x-queue-type: quorum/stream accepted as classic queues, with a warning."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pika
+import pytest
+from pika.exceptions import ChannelClosedByBroker
+
+_n = itertools.count(1)
+
+
+@pytest.fixture
+def conn(broker):
+    c = pika.BlockingConnection(pika.URLParameters(broker.url + "%2F?heartbeat=0"))
+    yield c
+    if c.is_open:
+        c.close()
+
+
+def refused(conn, name: str, arguments: dict, **kw) -> tuple[int, str]:
+    ch = conn.channel()
+    with pytest.raises(ChannelClosedByBroker) as err:
+        ch.queue_declare(name, arguments=arguments, **kw)
+    return err.value.reply_code, err.value.reply_text
+
+
+@pytest.mark.parametrize(("arguments", "detail"), [
+    ({"x-max-priority": 256}, "{max_value_exceeded,256}"),
+    ({"x-max-priority": -1}, "{value_negative,-1}"),
+    ({"x-max-priority": "5"}, '"expected integer, got longstr"'),
+    ({"x-max-priority": True}, '"expected integer, got bool"'),
+    ({"x-single-active-consumer": "true"}, "{unacceptable_type,longstr}"),
+    ({"x-single-active-consumer": 1}, "{unacceptable_type,signedint}"),
+    ({"x-queue-type": "foo"}, "\"unsupported queue type 'foo'\""),
+    ({"x-queue-type": 1}, "{unacceptable_type,signedint}"),
+    ({"x-message-ttl": "x"}, '"expected integer, got longstr"'),
+    ({"x-expires": 0}, "{value_zero,0}"),
+    ({"x-max-length": -1}, "{value_negative,-1}"),
+    ({"x-overflow": "nope"}, "invalid_overflow"),
+    ({"x-dead-letter-routing-key": "a"}, "routing_key_but_no_dlx_defined"),
+])
+def test_invalid_queue_arguments_are_406(conn, arguments, detail):
+    name = f"args-{next(_n)}"
+    key = next(iter(arguments))
+    assert refused(conn, name, arguments) == (
+        406, f"PRECONDITION_FAILED - invalid arg '{key}' for queue '{name}' in vhost '/': {detail}"
+    )
+
+
+@pytest.mark.parametrize("value", [0, 1, 10, 255])
+def test_max_priority_range_accepted(conn, value):
+    ch = conn.channel()
+    ok = ch.queue_declare("", exclusive=True, arguments={"x-max-priority": value})
+    assert ok.method.queue.startswith("amq.gen-")
+
+
+@pytest.mark.parametrize(("kw", "prop"), [
+    ({"durable": False}, "non-durable"),
+    ({"durable": True, "exclusive": True}, "exclusive-owner"),
+    ({"durable": True, "auto_delete": True}, "auto-delete"),
+])
+@pytest.mark.parametrize("qtype", ["quorum", "stream"])
+def test_replicated_types_need_rabbitmq_properties(conn, qtype, kw, prop):
+    name = f"typed-{next(_n)}"
+    assert refused(conn, name, {"x-queue-type": qtype}, **kw) == (
+        406, f"PRECONDITION_FAILED - invalid property '{prop}' for queue '{name}' in vhost '/'"
+    )
+
+
+@pytest.mark.parametrize(("qtype", "key"), [
+    ("quorum", "x-max-priority"), ("stream", "x-max-priority"),
+    ("stream", "x-single-active-consumer"),
+])
+def test_replicated_types_refuse_what_rabbitmq_refuses(conn, qtype, key):
+    name = f"typed-{next(_n)}"
+    value = 5 if key == "x-max-priority" else True
+    assert refused(conn, name, {"x-queue-type": qtype, key: value}, durable=True) == (
+        406, f"PRECONDITION_FAILED - invalid arg '{key}' for queue '{name}' in vhost '/' of "
+             f"queue type rabbit_{qtype}_queue"
+    )
+
+
+def test_quorum_queue_is_a_classic_queue_with_a_warning(broker, conn):
+    name = f"quorum-{next(_n)}"
+    ch = conn.channel()
+    ch.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+    ch.basic_publish("", name, b"works")
+    _, _, body = ch.basic_get(name, auto_ack=True)
+    assert body == b"works"
+    warnings = [json.loads(line) for line in broker.log_path.read_text().splitlines()
+                if name in line]
+    assert any(w["level"] == "warning" and w.get("requested") == "quorum"
+               and w.get("actual") == "classic" for w in warnings), warnings
+    # redeclaring with the same type is fine, with another type inequivalent
+    ch.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+    with pytest.raises(ChannelClosedByBroker) as err:
+        ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
+    assert err.value.reply_code == 406
+    assert "inequivalent arg 'x-queue-type'" in err.value.reply_text
+    conn.channel().queue_delete(name)
+
+
+def test_classic_type_is_the_same_as_none(conn):
+    name = f"classic-{next(_n)}"
+    ch = conn.channel()
+    ch.queue_declare(name, auto_delete=True)
+    ch.queue_declare(name, auto_delete=True, arguments={"x-queue-type": "classic"})
+    ch.queue_delete(name)
+    ch.queue_declare(name, auto_delete=True, arguments={"x-queue-type": "classic"})
+    ch.queue_declare(name, auto_delete=True)
+    ch.queue_delete(name)
+
+
+@pytest.mark.parametrize(("value", "got"), [("5", "longstr"), (True, "bool")])
+def test_consumer_priority_must_be_an_integer(conn, value, got):
+    ch = conn.channel()
+    q = ch.queue_declare("", exclusive=True).method.queue
+    with pytest.raises(ChannelClosedByBroker) as err:
+        ch.basic_consume(q, lambda *a: None, arguments={"x-priority": value})
+    assert (err.value.reply_code, err.value.reply_text) == (
+        406, f"PRECONDITION_FAILED - invalid arg 'x-priority' for queue '{q}' in vhost '/': "
+             f'"expected integer, got {got}"'
+    )
