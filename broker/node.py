@@ -16,6 +16,7 @@ from broker.flow.alarm import Alarms
 from broker.flow.disk_monitor import DiskMonitor
 from broker.flow.memory_monitor import MemoryMonitor
 from broker.flow.memory_pressure import QueueLoad, ram_targets
+from broker.server.direct_reply import ReplyRegistry
 from broker.server.listener import start_listeners
 from broker.vhost import VHost
 
@@ -36,6 +37,7 @@ class Node:
         self.vhosts: dict[str, VHost] = {}
         self.connections: set[Reader] = set()
         self.servers: list[asyncio.Server] = []
+        self.reply_registry = ReplyRegistry()  # direct reply-to names, across connections
         self.alarms = Alarms()
         self.alarms.subscribe(self._alarm_changed)
         self.memory_monitor = MemoryMonitor(

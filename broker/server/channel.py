@@ -37,6 +37,7 @@ from broker.protocol.errors import AMQPError, ChannelError, ConnectionError_
 from broker.queue.arguments import consumer_priority
 from broker.queue.consumer import Consumer
 from broker.routing.router import may_have_cc
+from broker.server.direct_reply import REPLY_PREFIX, REPLY_QUEUE, may_reply_to
 
 if TYPE_CHECKING:
     from broker.queue.amqqueue import AMQQueue
@@ -79,6 +80,9 @@ class Channel:
         self._tx_acks: list[tuple[str, int, bool, bool]] = []
         # consuming
         self.consumers: dict[str, Consumer] = {}
+        # direct reply-to: (consumer tag as shortstr, reply name) while consuming from
+        # amq.rabbitmq.reply-to
+        self.reply_consumer: tuple[str, bytes, str] | None = None
         self.unacked: OrderedDict[int, tuple[AMQQueue, int, Consumer | None]] = OrderedDict()
         self.next_tag = 1
         self.prefetch_count = 0  # applies to consumers created after basic.qos(global=false)
@@ -164,6 +168,7 @@ class Channel:
         for consumer in list(self.consumers.values()):
             consumer.queue.remove_consumer(consumer)
         self.consumers.clear()
+        self._stop_replies()
         by_queue: dict[AMQQueue, list[int]] = {}
         for queue, seq, _ in self.unacked.values():
             by_queue.setdefault(queue, []).append(seq)
@@ -298,6 +303,9 @@ class Channel:
     # -- queues -----------------------------------------------------------------------------
     def _queue_declare(self, m: commands.Queue.Declare) -> None:
         name = m.queue
+        if name == REPLY_QUEUE or name.startswith(REPLY_PREFIX):
+            self._declare_reply_queue(m)
+            return
         server_named = not m.passive and not name
         if server_named:
             name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
@@ -320,6 +328,15 @@ class Channel:
                     queue=q.name, message_count=q.message_count, consumer_count=q.consumer_count
                 )
             )
+
+    def _declare_reply_queue(self, m: commands.Queue.Declare) -> None:
+        """The pseudo-queue always "exists" with one consumer; a reply name exists while its
+        consumer does (RabbitMQ answers both, passive or not)."""
+        name = m.queue
+        if name != REPLY_QUEUE and self.reader.node.reply_registry.lookup(name) is None:
+            raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost.name}'")
+        if not m.nowait:
+            self._send(commands.Queue.DeclareOk(queue=name, message_count=0, consumer_count=1))
 
     def _last_queue(self, name: str) -> str:
         """The spec's shortcut (and RabbitMQ's): an empty queue name is the channel's most
@@ -384,6 +401,9 @@ class Channel:
 
     def _basic_consume(self, m: commands.Basic.Consume) -> None:
         m.queue = self._last_queue(m.queue)
+        if m.queue == REPLY_QUEUE:
+            self._consume_replies(m)
+            return
         self._check("read", "queue", m.queue)
         q = self.vhost.queue(m.queue, self.reader)
         tag = m.consumer_tag or "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode(
@@ -411,7 +431,42 @@ class Channel:
             self._send(commands.Basic.ConsumeOk(consumer_tag=tag))
         q.add_consumer(consumer)
 
+    def _consume_replies(self, m: commands.Basic.Consume) -> None:
+        """basic.consume from amq.rabbitmq.reply-to: no queue, just a reply name."""
+        if not m.no_ack:
+            raise ChannelError(PRECONDITION_FAILED, "reply consumer cannot acknowledge")
+        if self.reply_consumer is not None:
+            raise ChannelError(PRECONDITION_FAILED, "reply consumer already set")
+        tag = m.consumer_tag or "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode(
+        ).rstrip("=")
+        if tag in self.consumers:
+            raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        name = self.reader.node.reply_registry.register(self)
+        self.reply_consumer = (tag, frames.shortstr(tag), name)
+        if not m.nowait:
+            self._send(commands.Basic.ConsumeOk(consumer_tag=tag))
+
+    def _stop_replies(self) -> None:
+        if self.reply_consumer is not None:
+            self.reader.node.reply_registry.unregister(self.reply_consumer[2])
+            self.reply_consumer = None
+
+    def deliver_reply(self, msg: Message) -> None:
+        """A reply published to our reply name (by any channel): a delivery, no ack."""
+        rc = self.reply_consumer
+        if rc is None or self.closing or self.closed:
+            return
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        self.writer.send_many(
+            frames.encode_deliver(
+                self.number, rc[1], tag, False, msg.address, msg.props, msg.body, self.frame_max
+            )
+        )
+
     def _basic_cancel(self, m: commands.Basic.Cancel) -> None:
+        if self.reply_consumer is not None and m.consumer_tag == self.reply_consumer[0]:
+            self._stop_replies()
         consumer = self.consumers.pop(m.consumer_tag, None)
         if not m.nowait:
             self._send(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
@@ -594,8 +649,9 @@ class Channel:
                 )
             self._write_ok[exchange] = ex
         msg = Message(exchange, routing_key, props, body, 0, address)
-        if len(props) >= 2 and (props[0] & 0x01 or props[1] & 0x10):  # expiration, user_id
-            self._check_properties(msg)
+        # expiration, reply_to, user_id: the raw flags first, decoding only when one is set
+        if len(props) >= 2 and (props[0] & 0x03 or props[1] & 0x10):
+            msg = self._check_properties(msg)
         self.published += 1
         seq = 0
         if self.confirm:
@@ -606,8 +662,14 @@ class Channel:
             return
         self._route(ex, msg, mandatory, seq)
 
-    def _check_properties(self, msg: Message) -> None:
-        """RabbitMQ's check_user_id_header and check_expiration_header (406 on publish)."""
+    def _check_properties(self, msg: Message) -> Message:
+        """RabbitMQ's check_user_id_header and check_expiration_header (406 on publish), and
+        the direct reply-to rewrite of reply_to. Returns the message to route."""
+        if may_reply_to(msg.props):
+            msg = self._set_reply_to(msg)
+        raw = msg.props
+        if not (raw[0] & 0x01 or raw[1] & 0x10):
+            return msg
         props = msg.properties
         user_id = props.user_id
         if user_id is not None and user_id != self.user:
@@ -636,10 +698,28 @@ class Channel:
                 raise ChannelError(
                     PRECONDITION_FAILED, f"invalid expiration '{expiration}': {error}", (60, 40)
                 )
+        return msg
+
+    def _set_reply_to(self, msg: Message) -> Message:
+        """reply_to = amq.rabbitmq.reply-to becomes this channel's reply name."""
+        props = msg.properties
+        if props.reply_to != REPLY_QUEUE:
+            return msg
+        if self.reply_consumer is None:
+            raise ChannelError(PRECONDITION_FAILED, "fast reply consumer does not exist",
+                               (60, 40))
+        props.reply_to = self.reply_consumer[2]
+        return msg.with_properties(props)
 
     def _route(self, ex: Exchange, msg: Message, mandatory: bool, seq: int) -> None:
         queues = self.vhost.route(ex, msg)
         if not queues:
+            if msg.routing_key.startswith(REPLY_PREFIX) and ex is self.vhost.default_exchange:
+                # a direct reply: handed to its channel, and still unroutable for the
+                # publisher (mandatory returns it too), as RabbitMQ documents
+                target = self.reader.node.reply_registry.lookup(msg.routing_key)
+                if target is not None:
+                    target.deliver_reply(msg)
             if mandatory:
                 self.returned += 1
                 self.writer.send_many(
