@@ -17,6 +17,7 @@ import structlog
 
 from broker.queue.amqqueue import AMQQueue
 from broker.queue.durability import LazyIndex, QueueDurability, StoreLink, StorePeer
+from broker.queue.priority_queue import PriorityQueue
 from broker.queue.variable_queue import VariableQueue
 from broker.routing.exchange import Exchange
 from broker.store.definitions import (
@@ -169,16 +170,23 @@ class Durable:
         q.durability = durability
         transient = StoreLink(q, self.transient, self.transient_peer, None)
         q.store_peers = (self.persistent_peer, self.transient_peer)
-        q.bq = VariableQueue(
-            StoreLink(q, self.persistent, self.persistent_peer, durability)
-            if persistent else transient,
-            index,
-            transient_store=transient,
-            durable=persistent,
-            client=durability if persistent else None,
-            segment_entries=segment,
-            embed_transient=not persistent,
-        )
+        store = (StoreLink(q, self.persistent, self.persistent_peer, durability)
+                 if persistent else transient)
+
+        def variable_queue(seq_base: int) -> VariableQueue:
+            return VariableQueue(
+                store,
+                index,
+                transient_store=transient,
+                durable=persistent,
+                client=durability if persistent else None,
+                segment_entries=segment,
+                embed_transient=not persistent,
+                seq_base=seq_base,
+            )
+
+        max_priority = q.args.max_priority
+        q.bq = PriorityQueue(max_priority, variable_queue) if max_priority else variable_queue(0)
 
     # -- changes from the vhosts ------------------------------------------------------------
     def changed(self, vhost: str, what: str, obj: Any) -> None:

@@ -14,7 +14,9 @@ from typing import Any
 
 from pamqp import commands
 
-__all__ = ["Message", "encode_properties", "next_msg_id", "parse_delivery_mode"]
+__all__ = [
+    "Message", "encode_properties", "next_msg_id", "parse_delivery_mode", "parse_priority",
+]
 
 # Unique across restarts without coordination: a random 64-bit boot prefix and a counter.
 _BOOT = int.from_bytes(os.urandom(8), "big") << 64
@@ -24,6 +26,7 @@ _FLAG_CONTENT_TYPE = 0x8000
 _FLAG_CONTENT_ENCODING = 0x4000
 _FLAG_HEADERS = 0x2000
 _FLAG_DELIVERY_MODE = 0x1000
+_FLAG_PRIORITY = 0x0800
 _ENC_HEAD = struct.Struct(">BBIQ")
 
 
@@ -39,6 +42,24 @@ def parse_delivery_mode(props: bytes) -> int:
     flags = (props[0] << 8) | props[1]
     if not flags & _FLAG_DELIVERY_MODE:
         return 0
+    return props[_after_headers(props, flags)]
+
+
+def parse_priority(props: bytes) -> int:
+    """priority from raw property bytes without decoding the rest (0 when absent)."""
+    if len(props) < 2:
+        return 0
+    flags = (props[0] << 8) | props[1]
+    if not flags & _FLAG_PRIORITY:
+        return 0
+    pos = _after_headers(props, flags)
+    if flags & _FLAG_DELIVERY_MODE:
+        pos += 1
+    return props[pos]
+
+
+def _after_headers(props: bytes, flags: int) -> int:
+    """Where the property list's delivery_mode (or what follows the headers) starts."""
     pos = 2
     if flags & 1:  # continuation flag words: skip them (no such properties in 0-9-1)
         while (props[pos - 2] << 8 | props[pos - 1]) & 1:
@@ -49,7 +70,7 @@ def parse_delivery_mode(props: bytes) -> int:
         pos += 1 + props[pos]
     if flags & _FLAG_HEADERS:
         pos += 4 + int.from_bytes(props[pos : pos + 4], "big")
-    return props[pos]
+    return pos
 
 
 def encode_properties(properties: commands.Basic.Properties) -> bytes:

@@ -24,6 +24,7 @@ from broker.queue import dead_letter as dlx
 from broker.queue.arguments import QueueArgs
 from broker.queue.consumer import Consumer
 from broker.queue.durability import QueueDurability
+from broker.queue.priority_queue import PriorityQueue
 from broker.queue.variable_queue import Entry, VariableQueue
 
 if TYPE_CHECKING:
@@ -68,8 +69,9 @@ class AMQQueue:
         self.auto_delete = auto_delete
         self.arguments: dict[str, Any] = dict(arguments or {})
         self.args = QueueArgs(self.arguments)
-        # set by Durable.attach before start(): the paging backing queue and its disk side
-        self.bq: VariableQueue = None  # type: ignore[assignment]
+        # set by Durable.attach before start(): the paging backing queue (a PriorityQueue of
+        # them with x-max-priority) and its disk side
+        self.bq: VariableQueue | PriorityQueue = None  # type: ignore[assignment]
         self.durability: QueueDurability | None = None
         self._rate = RateMeter()
         # every consumer, in the order they came; a plain queue delivers round-robin over it
@@ -405,9 +407,11 @@ class AMQQueue:
         """Load a durable queue's messages from its index (at start, before any client)."""
         if self.durability is None:
             return 0
-        count, start, end, size = self.durability.recover()
-        self.bq.recover(count, start, end, size)
-        return count
+        total = 0
+        for count, start, end, size in self.durability.recover():
+            self.bq.recover(count, start, end, size)
+            total += count
+        return total
 
     def add_consumer(self, consumer: Consumer) -> None:
         self.drain()

@@ -17,6 +17,7 @@ import structlog
 
 from broker.flow.credit_flow import CreditFlow
 from broker.message import Message
+from broker.queue.priority_queue import LEVEL_SHIFT
 from broker.store.queue_index import IndexEntry, QueueIndex
 
 if TYPE_CHECKING:
@@ -263,10 +264,13 @@ class QueueDurability:
         if self.persistent:
             self._delivered.append(seq)
 
-    def recover(self) -> tuple[int, int, int, int]:
-        """Read the index back: (count, first seq, next seq, estimated bytes) of what the
-        queue holds. Entries whose body is gone (transient messages paged before a crash:
-        the transient store is wiped at start) are dropped."""
+    def recover(self) -> list[tuple[int, int, int, int]]:
+        """Read the index back: what the queue holds, as (count, first seq, next seq,
+        estimated bytes) per range of seq_ids (one for a plain queue; one per priority level
+        that holds messages, `seq_id >> LEVEL_SHIFT`, for a priority queue), ascending; the
+        range the index's next seq_id falls in is always there. Entries whose body is gone
+        (transient messages paged before a crash: the transient store is wiped at start) are
+        dropped."""
         entries = self.index.index.recover()
         dropped = [e.seq_id for e in entries
                    if e.payload is None and not self.store.contains(e.msg_id)]
@@ -275,12 +279,21 @@ class QueueDurability:
             log.info("transient messages dropped at recovery", queue=self.queue.name,
                      count=len(dropped))
         gone = set(dropped)
-        kept = [e for e in entries if e.seq_id not in gone]
         high = self.index.index.bounds()[1]
-        # embedded sizes only: reading store sizes would cost a lookup per message
-        size = sum(len(e.payload) for e in kept if e.payload is not None)
-        start = kept[0].seq_id if kept else high
-        return len(kept), start, max(high, start), size
+        top = max(high - 1, 0) >> LEVEL_SHIFT
+        levels: dict[int, list[IndexEntry]] = {top: []}
+        for e in entries:
+            if e.seq_id not in gone:
+                levels.setdefault(e.seq_id >> LEVEL_SHIFT, []).append(e)
+        out = []
+        for level, kept in sorted(levels.items()):
+            end = kept[-1].seq_id + 1 if kept else level << LEVEL_SHIFT
+            if level == top:
+                end = max(end, high)  # never reuse a seq_id the index has seen
+            # embedded sizes only: reading store sizes would cost a lookup per message
+            size = sum(len(e.payload) for e in kept if e.payload is not None)
+            out.append((len(kept), kept[0].seq_id if kept else end, end, size))
+        return out
 
     def delete(self) -> None:
         self.index.delete()

@@ -103,6 +103,7 @@ class VariableQueue:
     `store` holds persistent bodies, `transient_store` (default: `store`) transient ones.
     A non-durable queue treats every message as transient. `client` is passed to the store
     writes of persistent messages (the store's handle for confirms; transient writes pass None).
+    seq_ids start at `seq_base`.
     Nothing here awaits: the queue task calls it."""
 
     def __init__(
@@ -116,6 +117,7 @@ class VariableQueue:
         segment_entries: int = DEFAULT_SEGMENT_ENTRIES,
         io_batch_size: int = DEFAULT_IO_BATCH_SIZE,
         embed_transient: bool = False,
+        seq_base: int = 0,
     ) -> None:
         if segment_entries < 1 or io_batch_size < 1:
             raise ValueError("segment_entries and io_batch_size must be positive")
@@ -141,7 +143,9 @@ class VariableQueue:
         # seq_id -> (delivered, expires_at, persistent)
         self._delta_extra: dict[int, tuple[bool, float, bool]] = {}
         self._pending: dict[int, _Status] = {}
-        self._next_seq = 0
+        # where this queue's seq_ids start: the levels of a priority queue share one index,
+        # each in a range of its own (broker/queue/priority_queue.py)
+        self._next_seq = seq_base
         self._len = 0
         self._bytes = 0  # body bytes of all ready messages, wherever they are
         self._ram = 0  # alphas: ready messages whose body is in RAM

@@ -322,7 +322,11 @@ class QueueIndex:
         out: list[IndexEntry] = []
         if end_seq <= start_seq:
             return out
-        for number in range(start_seq // n, (end_seq - 1) // n + 1):
+        first, last = start_seq // n, (end_seq - 1) // n
+        numbers: Iterable[int] = range(first, last + 1)
+        if last - first > len(self._segments):  # a wide range (a priority queue's levels)
+            numbers = sorted(k for k in self._segments if first <= k <= last)
+        for number in numbers:
             seg = self._segments.get(number)
             if seg is None:
                 continue

@@ -70,6 +70,22 @@ def test_round_trip_across_segments(tmp_path: Path) -> None:
     assert again.bounds() == (3, 30)
 
 
+def test_sparse_seq_ids_far_apart(tmp_path: Path) -> None:
+    """A priority queue's levels number from p << 48: reads over the whole span and a
+    second recover() visit only the segments that exist, and the clean marker keeps the
+    highest seq_id."""
+    qi = QueueIndex(tmp_path / "q", segment_entries=8)
+    far = [0, 1, (5 << 48) + 3, (255 << 48) + 9]
+    for seq in far:
+        qi.publish(seq, mid(seq & 0xFFFF), None)
+    assert [e.seq_id for e in qi.read(0, 256 << 48)] == far
+    assert [e.seq_id for e in qi.recover()] == far
+    qi.close()
+    again = QueueIndex(tmp_path / "q", segment_entries=8)
+    assert [e.seq_id for e in again.recover()] == far
+    assert again.bounds() == (0, (255 << 48) + 10)
+
+
 def test_embedded_payload_decodes_to_the_message(tmp_path: Path) -> None:
     msg = Message("amq.direct", "key", b"\x10\x00\x02", b"hello")
     qi = QueueIndex(tmp_path / "q")
