@@ -9,6 +9,7 @@ report.py   text and JSON output
 cli.py      `hare-perf SCENARIO --url URL ...`
 suite.py    `python -m broker.perf.suite --url URL [--url URL2]` (all scenarios, side by side)
 bench_routing.py   topic-routing micro-benchmark (10 vs 10,000 bindings)
+bench_queue.py     the queue's enqueue/deliver/ack cost, plain and per delivery feature
 bench_store.py     msg_store write/read/remove micro-benchmark
 bench_recovery.py  start-up time and peak RSS after kill -9 with N persistent messages
 """

@@ -39,17 +39,41 @@ class PriorityQueue:
         self._make = make
         self._levels: dict[int, VariableQueue] = {}
         self._order: list[VariableQueue] = []  # the levels made so far, highest first
+        self._rank: dict[int, int] = {}  # level -> its index in _order
+        # every level in _order before this index is empty: fetch starts looking here
+        self._head = 0
         self._len = 0  # ready messages over all levels (asked once per delivery)
         self._target: int | None = None
 
     def _level(self, level: int) -> VariableQueue:
+        """The level's queue, made on first use; marks it as maybe holding messages."""
         vq = self._levels.get(level)
         if vq is None:
             vq = self._levels[level] = self._make(level << LEVEL_SHIFT)
-            self._order = [self._levels[p] for p in sorted(self._levels, reverse=True)]
+            ranked = sorted(self._levels, reverse=True)
+            self._order = [self._levels[p] for p in ranked]
+            self._rank = {p: i for i, p in enumerate(ranked)}
+            self._head = 0
             if self._target is not None:
                 self._share_target()
+        rank = self._rank[level]
+        if rank < self._head:
+            self._head = rank
         return vq
+
+    def _first(self) -> VariableQueue | None:
+        """The highest level that holds a ready message."""
+        order = self._order
+        i = self._head
+        n = len(order)
+        while i < n:
+            vq = order[i]
+            if vq:
+                self._head = i
+                return vq
+            i += 1
+        self._head = n
+        return None
 
     # -- sizes --------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -96,17 +120,15 @@ class PriorityQueue:
         return seq
 
     def peek(self) -> Entry | None:
-        for vq in self._order:
-            if vq:
-                return vq.peek()
-        return None
+        vq = self._first()
+        return vq.peek() if vq is not None else None
 
     def fetch(self, ack_required: bool = True) -> Entry | None:
-        for vq in self._order:
-            if vq:
-                self._len -= 1
-                return vq.fetch(ack_required)
-        return None
+        vq = self._first()
+        if vq is None:
+            return None
+        self._len -= 1
+        return vq.fetch(ack_required)
 
     def ack(self, seq_ids: Iterable[int]) -> list[Message]:
         out: list[Message] = []
@@ -125,9 +147,8 @@ class PriorityQueue:
     def requeue(self, seq_ids: Iterable[int]) -> int:
         back = 0
         for level, seqs in _by_level(seq_ids).items():
-            vq = self._levels.get(level)
-            if vq is not None:
-                back += vq.requeue(seqs)
+            if level in self._levels:
+                back += self._level(level).requeue(seqs)
         self._len += back
         return back
 
