@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from broker.protocol.channel_state import ChannelState
 from broker.protocol.frames import shortstr
 
 if TYPE_CHECKING:
@@ -13,6 +14,8 @@ if TYPE_CHECKING:
     from broker.server.channel import Channel
 
 __all__ = ["Consumer"]
+
+_OPEN = ChannelState.OPEN
 
 
 class Consumer:
@@ -58,7 +61,7 @@ class Consumer:
         every delivery, so the checks are inline."""
         ch = self.channel
         w = ch.writer
-        if w.paused or w.full or ch.closing or ch.closed or not ch.flow_active:
+        if w.paused or w.full or ch.state is not _OPEN or not ch.flow_active:
             return False
         if self.no_ack:
             return True

@@ -22,6 +22,12 @@ from broker.flow.credit_flow import CreditFlow
 from broker.flow.mailbox import Mailbox
 from broker.message import Message
 from broker.protocol import frames
+from broker.protocol.channel_state import (
+    ChannelAction,
+    ChannelInput,
+    ChannelState,
+    channel_step,
+)
 from broker.protocol.command_assembler import ACK_INDEX
 from broker.protocol.constants import (
     ACCESS_REFUSED,
@@ -50,7 +56,11 @@ __all__ = ["Channel"]
 log = structlog.get_logger("hare.channel")
 
 _ACK_PREFIX = ACK_INDEX.to_bytes(4, "big")
+_CLOSE_PREFIX = (0x00140000 | 40).to_bytes(4, "big")
+_CLOSE_OK_PREFIX = (0x00140000 | 41).to_bytes(4, "big")
+_OPEN_PREFIX = (0x00140000 | 10).to_bytes(4, "big")
 _STOP = ("stop",)
+_OPEN = ChannelState.OPEN
 
 
 class Channel:
@@ -62,8 +72,7 @@ class Channel:
         self.user = reader.user
         self.frame_max = reader.frame_max
         self.mailbox = Mailbox()
-        self.closing = False  # channel.close sent by us, waiting for close-ok
-        self.closed = False
+        self.state = _OPEN  # see broker/protocol/channel_state.py
         # publishing
         self.confirm = False
         self.publish_seq = 0
@@ -120,15 +129,15 @@ class Channel:
                     self._flush_batch()
                     self._terminate()
                     return
-                if self.closing or self.closed:
-                    if cmd[0] == "content":
-                        publishes += 1
-                    continue
                 try:
                     kind = cmd[0]
                     if kind == "content":
                         publishes += 1
-                        self._publish(cmd[1], cmd[2], cmd[3])
+                        if self.state is _OPEN:
+                            self._publish(cmd[1], cmd[2], cmd[3])
+                    elif self.state is not _OPEN:
+                        if kind == "method":
+                            self._not_open(cmd[1])
                     elif kind == "method":
                         self._method(cmd[1])
                     else:
@@ -152,9 +161,8 @@ class Channel:
         self.mailbox.put(_STOP)
 
     def _terminate(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._release()
+        self.state = ChannelState.CLOSED
+        self._release()
         for q in self._posted:
             q.credit_flow.peer_down(self)
         self._posted.clear()
@@ -188,7 +196,9 @@ class Channel:
             code=exc.code,
             text=exc.text,
         )
-        self.closing = True
+        action, self.state = channel_step(self.state, ChannelInput.ERROR)
+        if action is not ChannelAction.SEND_CLOSE:
+            return
         self.writer.send(
             frames.encode_method(
                 self.number,
@@ -249,10 +259,31 @@ class Channel:
 
     # -- channel ----------------------------------------------------------------------------
     def _channel_close(self, m: commands.Channel.Close) -> None:
+        _, self.state = channel_step(self.state, ChannelInput.CLOSE)  # open: ACCEPT_CLOSE
         self._release()
-        self.closed = True
-        self._send(commands.Channel.CloseOk())
+        # the reader forgets the number before close-ok goes out: a channel.open sent on
+        # receipt of close-ok must reach a new channel, not this one (RabbitMQ's handshake
+        # between rabbit_channel and rabbit_reader)
         self.reader.channel_closed(self)
+        self._send(commands.Channel.CloseOk())
+
+    def _channel_close_ok(self, m: commands.Channel.CloseOk) -> None:
+        channel_step(self.state, ChannelInput.CLOSE_OK)  # refused: no close of ours to answer
+
+    def _not_open(self, payload: bytes) -> None:
+        """A method reaching a closing or closed channel: only close and close-ok count."""
+        head = payload[:4]
+        if head == _CLOSE_PREFIX:
+            event = ChannelInput.CLOSE
+        elif head == _CLOSE_OK_PREFIX:
+            event = ChannelInput.CLOSE_OK
+        elif head == _OPEN_PREFIX:
+            event = ChannelInput.OPEN
+        else:
+            event = ChannelInput.COMMAND
+        action, self.state = channel_step(self.state, event)
+        if action is ChannelAction.ANSWER_CLOSE:
+            self._send(commands.Channel.CloseOk())
 
     def _channel_flow(self, m: commands.Channel.Flow) -> None:
         self.flow_active = bool(m.active)
@@ -261,7 +292,7 @@ class Channel:
             self.wake_queues()
 
     def _channel_open(self, m: commands.Channel.Open) -> None:
-        raise ConnectionError_(504, "second 'channel.open' seen", (20, 10))
+        channel_step(self.state, ChannelInput.OPEN)  # refused: this number is open
 
     # -- exchanges --------------------------------------------------------------------------
     def _exchange_declare(self, m: commands.Exchange.Declare) -> None:
@@ -780,7 +811,7 @@ class Channel:
             self._send(commands.Confirm.SelectOk())
 
     def queue_confirmed(self, queue: AMQQueue, seqs: list[int], rejected: list[int]) -> None:
-        if self.closed or not self.confirm:
+        if self.state is not _OPEN or not self.confirm:
             return
         unconfirmed = self.unconfirmed
         for seq in seqs:
@@ -804,7 +835,7 @@ class Channel:
 
     def _flush_confirms(self) -> None:
         self._confirm_flush_scheduled = False
-        if self.closed or self.closing:
+        if self.state is not _OPEN:
             return
         out: list[bytes] = []
         ch = self.number
@@ -882,6 +913,7 @@ def _ids(method: Any) -> tuple[int, int]:
 
 _HANDLERS: dict[type, Any] = {
     commands.Channel.Close: Channel._channel_close,
+    commands.Channel.CloseOk: Channel._channel_close_ok,
     commands.Channel.Flow: Channel._channel_flow,
     commands.Channel.Open: Channel._channel_open,
     commands.Exchange.Declare: Channel._exchange_declare,

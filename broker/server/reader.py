@@ -20,6 +20,7 @@ from broker.flow.alarm import blocked_reason
 from broker.flow.credit_flow import CreditFlow
 from broker.protocol import frames
 from broker.protocol.command_assembler import CommandAssembler
+from broker.protocol.connection_state import ConnectionAction, ConnectionState, connection_step
 from broker.protocol.constants import (
     CHANNEL_ERROR,
     COMMAND_INVALID,
@@ -47,15 +48,20 @@ __all__ = ["Reader"]
 log = structlog.get_logger("hare.connection")
 
 _CHANNEL_OPEN = (0x00140000 | 10).to_bytes(4, "big")
-_CHANNEL_CLOSE = (0x00140000 | 40).to_bytes(4, "big")
 _CHANNEL_CLOSE_OK = (0x00140000 | 41).to_bytes(4, "big")
 _PUBLISH = (0x003C0000 | 40).to_bytes(4, "big")
 _BODY_SIZE = struct.Struct(">Q")
 
 _ids = itertools.count(1)
 
-# Handshake states; OPENED is the running state.
-AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPENED, CLOSING, CLOSED = range(7)
+AWAIT_HEADER = ConnectionState.AWAIT_HEADER
+AWAIT_START_OK = ConnectionState.AWAIT_START_OK
+OPENED = ConnectionState.OPENED
+CLOSING = ConnectionState.CLOSING
+CLOSED = ConnectionState.CLOSED
+
+# After the close handshake, how long a client that keeps its socket open is waited for.
+CLOSE_LINGER_S = 1.0
 
 SERVER_CAPABILITIES = {
     "publisher_confirms": True,
@@ -76,7 +82,8 @@ class Reader(asyncio.Protocol):
         self.settings = node.settings
         self.loop = asyncio.get_running_loop()
         self.name = f"conn-{next(_ids)}"
-        self.state = AWAIT_HEADER
+        self.state: ConnectionState = AWAIT_HEADER
+        self._stream_lost = False  # a framing error: what follows cannot be parsed
         self.transport: asyncio.Transport | None = None
         self.writer: Writer = None  # type: ignore[assignment]  # set in connection_made
         self.peer = ("?", 0)
@@ -127,23 +134,22 @@ class Reader(asyncio.Protocol):
         self._recv_activity = True
         self.bytes_in += len(data)
         state = self.state
+        if state >= CLOSING:
+            self._discard(data)
+            return
         if state == AWAIT_HEADER:
             data = self._protocol_header(data)
             if not data:
                 return
-        if state == CLOSED:
-            return
         try:
             batch = self.cutter.feed(data)
         except ConnectionError_ as exc:
-            # the byte stream is out of step: nothing after this can be parsed, so the close
-            # goes out and the socket with it (RabbitMQ's fatal_frame_error)
-            self.connection_error(exc)
-            self._close_transport()
+            self._fatal_frame_error(exc)
             return
         touched = self._touched
+        i = 0
         try:
-            i, n = 0, len(batch)
+            n = len(batch)
             while i < n:
                 ftype, channel, payload = batch[i]
                 if channel == 0:
@@ -153,11 +159,15 @@ class Reader(asyncio.Protocol):
                     continue
                 else:
                     self._channel_frame(ftype, channel, payload)
-                if self.state == CLOSED:
-                    return
                 i += 1
+                if self.state >= CLOSING:
+                    self._closing_frames(batch, i)
+                    return
         except ConnectionError_ as exc:
             self.connection_error(exc)
+            # the rest of this read is judged as if it came later: a crossing close gets
+            # its close-ok however TCP cut the bytes
+            self._closing_frames(batch, i + 1)
             return
         finally:
             if touched:  # one wake-up per channel for everything this chunk carried
@@ -234,35 +244,49 @@ class Reader(asyncio.Protocol):
             )
         method = frames.decode_method(payload)
         state = self.state
-        if state == CLOSING:
-            if isinstance(method, commands.Connection.CloseOk | commands.Connection.Close):
-                if isinstance(method, commands.Connection.Close):
-                    self._send0(commands.Connection.CloseOk())
-                self._close_transport()
-            return
-        if state == AWAIT_START_OK and isinstance(method, commands.Connection.StartOk):
+        action, after = connection_step(state, method)
+        if action is ConnectionAction.START_OK:
             self._start_ok(method)
-        elif state == AWAIT_TUNE_OK and isinstance(method, commands.Connection.TuneOk):
+        elif action is ConnectionAction.TUNE_OK:
             self._tune_ok(method)
-        elif state == AWAIT_OPEN and isinstance(method, commands.Connection.Open):
+        elif action is ConnectionAction.OPEN:
             self._open(method)
-        elif state == OPENED and isinstance(method, commands.Connection.Close):
+        elif action is ConnectionAction.CLOSE:
             self._client_close(method)
-        elif state == OPENED and isinstance(method, commands.Connection.CloseOk):
-            return
-        elif state == OPENED and isinstance(method, commands.Connection.UpdateSecret):
+        elif action is ConnectionAction.UPDATE_SECRET:
             self._send0(commands.Connection.UpdateSecretOk())
-        elif state == OPENED and isinstance(
-            method, commands.Connection.Blocked | commands.Connection.Unblocked
-        ):
+        if self.state == state:  # an action that failed has moved it to CLOSING already
+            self.state = after
+
+    def _closing_frames(self, batch: list[tuple[int, int, bytes]], start: int) -> None:
+        """Frames read after the close handshake began: a close gets close-ok, a close-ok
+        ends the connection, everything else is discarded (RabbitMQ's closing and closed
+        states). Nothing here raises: there is no one left to tell."""
+        for ftype, channel, payload in itertools.islice(batch, start, None):
+            if channel or ftype != FRAME_METHOD:
+                continue
+            try:
+                method = frames.decode_method(payload)
+            except ConnectionError_:
+                continue
+            action, self.state = connection_step(self.state, method)
+            if action is ConnectionAction.ANSWER_CLOSE:
+                self._send0(commands.Connection.CloseOk())
+            elif action is ConnectionAction.FINISH:
+                self._close_transport()
+                return
+
+    def _discard(self, data: bytes) -> None:
+        """Bytes that arrive while closing: cut into frames for `_closing_frames` as long as
+        the stream is in step, otherwise dropped."""
+        if self._stream_lost or self.transport is None or self.transport.is_closing():
             return
-        else:
-            index = method.index
-            raise ConnectionError_(
-                COMMAND_INVALID if state < OPENED else CHANNEL_ERROR,
-                f"unexpected method {method.name} on channel 0",
-                (index >> 16, index & 0xFFFF),
-            )
+        try:
+            batch = self.cutter.feed(data)
+        except ConnectionError_:
+            self._stream_lost = True
+            return
+        self._closing_frames(batch, 0)
 
     def _start_ok(self, m: commands.Connection.StartOk) -> None:
         self.client_properties = m.client_properties or {}
@@ -276,7 +300,6 @@ class Reader(asyncio.Protocol):
             )
             self.connection_error(exc)
             return
-        self.state = AWAIT_TUNE_OK
         self._send0(
             commands.Connection.Tune(
                 channel_max=self.channel_max,
@@ -304,7 +327,6 @@ class Reader(asyncio.Protocol):
             self.channel_max = m.channel_max
         self.heartbeat = m.heartbeat
         self.cutter.frame_max = self.frame_max
-        self.state = AWAIT_OPEN
 
     def _open(self, m: commands.Connection.Open) -> None:
         vhost = self.node.vhosts.get(m.virtual_host)
@@ -371,8 +393,6 @@ class Reader(asyncio.Protocol):
     # -- channels ---------------------------------------------------------------------------
     def _channel_frame(self, ftype: int, number: int, payload: bytes) -> None:
         if self.state != OPENED:
-            if self.state == CLOSING:
-                return
             raise ConnectionError_(COMMAND_INVALID, "frame on a channel before connection.open")
         ch = self.channels.get(number)
         if ch is None:
@@ -382,9 +402,6 @@ class Reader(asyncio.Protocol):
             if ftype == FRAME_HEARTBEAT:
                 raise ConnectionError_(FRAME_ERROR, "heartbeat frame on a non-zero channel")
             raise ConnectionError_(CHANNEL_ERROR, f"expected 'channel.open' on channel {number}")
-        if ch.closing:
-            self._closing_frame(number, ftype, payload)
-            return
         if ftype == FRAME_HEARTBEAT:
             raise ConnectionError_(FRAME_ERROR, "heartbeat frame on a non-zero channel")
         cmd = self.assemblers[number].frame(ftype, payload)
@@ -393,12 +410,14 @@ class Reader(asyncio.Protocol):
         if cmd[0] == "content":
             self._post_publish(ch, cmd)
             return
-        if payload[:4] == _CHANNEL_CLOSE:
-            # the number is free again as soon as the client closed it
-            del self.channels[number]
-            del self.assemblers[number]
         ch.mailbox.put_quiet(cmd)
         self._touched.add(ch)
+        if payload[:4] == _CHANNEL_CLOSE_OK:
+            # RabbitMQ's post_process_frame: after the client's close-ok the number is free,
+            # whatever the channel makes of it (a close-ok on an open channel is its error).
+            # A client channel.close is different: the channel frees the number when it takes
+            # it, since only the channel knows whether it is closing already.
+            self.channel_closed(ch)
 
     def _post_publish(self, ch: Channel, cmd: tuple[Any, ...]) -> None:
         """A whole publish for a channel: one credit spent, woken at the end of the chunk."""
@@ -428,23 +447,10 @@ class Reader(asyncio.Protocol):
         ):
             return False
         ch = self.channels.get(number)
-        if ch is None or ch.closing or not self.assemblers[number].idle:
+        if ch is None or not self.assemblers[number].idle:
             return False
         self._post_publish(ch, ("content", method, header[12:], body))
         return True
-
-    def _closing_frame(self, number: int, ftype: int, payload: bytes) -> None:
-        """We sent channel.close: drop everything but close / close-ok, as the spec says."""
-        if ftype != FRAME_METHOD:
-            return
-        head = payload[:4]
-        if head in (_CHANNEL_CLOSE_OK, _CHANNEL_CLOSE):
-            if head == _CHANNEL_CLOSE:
-                self.writer.send(frames.encode_method(number, commands.Channel.CloseOk()))
-            ch = self.channels.pop(number, None)
-            self.assemblers.pop(number, None)
-            if ch is not None:
-                ch.stop()
 
     def _open_channel(self, number: int) -> None:
         # channel_max limits how many channels are open at once, not their numbers (RabbitMQ:
@@ -463,7 +469,7 @@ class Reader(asyncio.Protocol):
         self.writer.send(frames.encode_method(number, commands.Channel.OpenOk()))
 
     def channel_closed(self, ch: Channel) -> None:
-        """The channel task processed a client channel.close."""
+        """The client's channel.close or close-ok: the number is free for a new channel."""
         if self.channels.get(ch.number) is ch:
             del self.channels[ch.number]
             self.assemblers.pop(ch.number, None)
@@ -546,6 +552,7 @@ class Reader(asyncio.Protocol):
         for ch in self.channels.values():
             ch.stop()
         self.channels.clear()
+        self.assemblers.clear()
         self._send0(commands.Connection.CloseOk())
         log.info(
             "connection closed",
@@ -556,12 +563,10 @@ class Reader(asyncio.Protocol):
             text=m.reply_text,
         )
         self.writer.flush()
-        # The client closes the socket once it has close-ok; closing ours first makes a client
-        # that still writes (amqplib flushing its buffer) see EPIPE. Wait for it, briefly.
-        self.state = CLOSING
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self.loop.call_later(1.0, self._close_transport)
+        # The client closes the socket once it has close-ok; closing ours first would reset a
+        # connection that another of its threads may still be writing to (and with unread
+        # bytes in our buffer the kernel answers with a reset). Read and discard until then.
+        self._linger(CLOSE_LINGER_S)
 
     def connection_error(self, exc: AMQPError) -> None:
         """A hard error (or a forced close): connection.close, then wait for close-ok."""
@@ -582,6 +587,7 @@ class Reader(asyncio.Protocol):
         for ch in self.channels.values():
             ch.stop()
         self.channels.clear()
+        self.assemblers.clear()
         self._send0(
             commands.Connection.Close(
                 reply_code=exc.code,
@@ -590,10 +596,22 @@ class Reader(asyncio.Protocol):
                 method_id=exc.method[1],
             )
         )
+        # a client that never answers close-ok is dropped (RabbitMQ waits a few seconds)
+        self._linger(CLOSE_LINGER_S if was_open else 0.1)
+
+    def _fatal_frame_error(self, exc: ConnectionError_) -> None:
+        """The byte stream is out of step: nothing after this can be parsed. connection.close
+        goes out, then our half of the socket closes so the client sees the end at once; its
+        bytes are read and dropped until it closes too (RabbitMQ's fatal_frame_error)."""
+        self.connection_error(exc)
+        self._stream_lost = True
+        self.writer.shutdown()
+
+    def _linger(self, seconds: float) -> None:
+        """Keep reading (and discarding) for at most `seconds`, then close the socket."""
         if self._timer is not None:
             self._timer.cancel()
-        # a client that never answers close-ok is dropped (RabbitMQ waits a few seconds)
-        self._timer = self.loop.call_later(1.0 if was_open else 0.1, self._close_transport)
+        self._timer = self.loop.call_later(seconds, self._close_transport)
         if self._paused_reading and self.transport is not None:
             self._paused_reading = False
             self.transport.resume_reading()
@@ -605,7 +623,7 @@ class Reader(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.writer.flush()
             self.transport.close()
-        self.state = CLOSED if self.state != CLOSED else self.state
+        self.state = CLOSED
 
     def _send0(self, method: Any) -> None:
         self.writer.send(frames.encode_method(0, method))

@@ -23,6 +23,7 @@ class Writer:
         "on_resume",
         "paused",
         "queued",
+        "shut",
     )
 
     def __init__(self, transport: asyncio.WriteTransport, loop: asyncio.AbstractEventLoop) -> None:
@@ -36,6 +37,7 @@ class Writer:
         self.activity = False  # something was written since the last heartbeat tick
         self.queued = 0  # bytes of message bodies buffered here since the last flush
         self.full = False  # queued passed FULL_BYTES: deliveries wait for the next flush
+        self.shut = False  # our half of the socket is closed: nothing more goes out
 
     def send(self, data: bytes) -> None:
         self._buf.append(data)
@@ -64,7 +66,7 @@ class Writer:
         self.full = False
         if buf:
             self._buf = []
-            if self._transport.is_closing():
+            if self.shut or self._transport.is_closing():
                 return
             self.activity = True
             data = b"".join(buf)  # one buffer for the kernel, and its size for send_oct
@@ -72,6 +74,15 @@ class Writer:
             self._transport.write(data)
         if was_full and not self.paused and self.on_resume is not None:
             self.on_resume()
+
+    def shutdown(self) -> None:
+        """Write what is buffered, then close our half of the socket (FIN): the peer reads
+        everything sent so far and then the end, while we can still read what it sends."""
+        self.flush()
+        self.shut = True
+        transport = self._transport
+        if not transport.is_closing() and transport.can_write_eof():
+            transport.write_eof()
 
     def pause(self) -> None:
         self.paused = True

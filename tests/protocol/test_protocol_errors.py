@@ -438,13 +438,15 @@ def test_frames_after_channel_error_are_dropped_until_close_ok(broker):
 
 
 def test_crossing_channel_close(broker):
-    """Server and client close the same channel at once: the client's close gets close-ok."""
+    """Server and client close the same channel at once: the client's close gets close-ok,
+    and the channel waits for the client's close-ok to its own close (as RabbitMQ)."""
     c = opened(broker)
     c.send_method(1, commands.Queue.Declare(queue="no-such-q-raw", passive=True))
     c.send_method(1, commands.Channel.Close(reply_code=200, reply_text="", class_id=0,
                                             method_id=0))
     c.expect(commands.Channel.Close, 1)
     c.expect(commands.Channel.CloseOk, 1)
+    c.send_method(1, commands.Channel.CloseOk())
     c.open_channel(1)
     c.close()
 
