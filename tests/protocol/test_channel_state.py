@@ -13,7 +13,7 @@ from broker.protocol.channel_state import (
 )
 from broker.protocol.errors import ConnectionError_
 
-S, I, A = ChannelState, ChannelInput, ChannelAction
+S, In, A = ChannelState, ChannelInput, ChannelAction
 
 
 def run(*inputs: ChannelInput) -> tuple[list[ChannelAction], ChannelState]:
@@ -25,11 +25,11 @@ def run(*inputs: ChannelInput) -> tuple[list[ChannelAction], ChannelState]:
 
 
 def test_client_close_of_an_open_channel_is_accepted_at_once():
-    assert run(I.COMMAND, I.CLOSE) == ([A.HANDLE, A.ACCEPT_CLOSE], S.CLOSED)
+    assert run(In.COMMAND, In.CLOSE) == ([A.HANDLE, A.ACCEPT_CLOSE], S.CLOSED)
 
 
 def test_server_close_waits_for_close_ok_and_drops_the_rest():
-    assert run(I.ERROR, I.COMMAND, I.COMMAND, I.CLOSE_OK) == (
+    assert run(In.ERROR, In.COMMAND, In.COMMAND, In.CLOSE_OK) == (
         [A.SEND_CLOSE, A.DROP, A.DROP, A.FINISH],
         S.CLOSED,
     )
@@ -37,7 +37,7 @@ def test_server_close_waits_for_close_ok_and_drops_the_rest():
 
 @pytest.mark.parametrize("between", [0, 1, 3])
 def test_crossing_close_gets_close_ok_and_still_waits_for_ours(between):
-    inputs = [I.ERROR] + [I.COMMAND] * between + [I.CLOSE, I.COMMAND, I.CLOSE_OK]
+    inputs = [In.ERROR] + [In.COMMAND] * between + [In.CLOSE, In.COMMAND, In.CLOSE_OK]
     actions, state = run(*inputs)
     assert actions[0] is A.SEND_CLOSE
     assert actions[1 + between] is A.ANSWER_CLOSE
@@ -45,24 +45,24 @@ def test_crossing_close_gets_close_ok_and_still_waits_for_ours(between):
 
 
 def test_a_second_error_while_closing_sends_nothing():
-    assert run(I.ERROR, I.ERROR) == ([A.SEND_CLOSE, A.DROP], S.CLOSING)
+    assert run(In.ERROR, In.ERROR) == ([A.SEND_CLOSE, A.DROP], S.CLOSING)
 
 
 def test_what_reaches_a_closed_channel_is_dropped():
-    for event in (I.CLOSE, I.CLOSE_OK, I.COMMAND, I.ERROR):
+    for event in (In.CLOSE, In.CLOSE_OK, In.COMMAND, In.ERROR):
         assert channel_step(S.CLOSED, event) == (A.DROP, S.CLOSED)
 
 
 def test_close_ok_on_an_open_channel_is_503():
     with pytest.raises(ConnectionError_) as err:
-        channel_step(S.OPEN, I.CLOSE_OK)
+        channel_step(S.OPEN, In.CLOSE_OK)
     assert err.value.code == 503 and err.value.method == (20, 41)
 
 
 @pytest.mark.parametrize("state", list(ChannelState))
 def test_channel_open_on_a_number_in_use_is_504_in_every_state(state):
     with pytest.raises(ConnectionError_) as err:
-        channel_step(state, I.OPEN)
+        channel_step(state, In.OPEN)
     assert err.value.code == 504 and "second 'channel.open'" in err.value.text
 
 
