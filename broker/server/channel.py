@@ -485,7 +485,7 @@ class Channel:
     def deliver_reply(self, msg: Message) -> None:
         """A reply published to our reply name (by any channel): a delivery, no ack."""
         rc = self.reply_consumer
-        if rc is None or self.closing or self.closed:
+        if rc is None or self.state is not _OPEN:
             return
         tag = self.next_tag
         self.next_tag = tag + 1
