@@ -1,10 +1,10 @@
 """What survives a restart: wiring between the live topology and the disk.
 
-Durable exchanges, queues, bindings, users, vhosts and permissions go to the definitions
-database as they change; durable queues get a queue index and a share of the persistent message
-store; at start everything is read back in a fixed order: definitions, the message store (which
-on a dirty start asks the queue indexes for reference counts), then each durable queue's
-contents."""
+Durable exchanges, queues, bindings, users, vhosts, permissions, policies and vhost limits go
+to the definitions database as they change; durable queues get a queue index and a share of
+the persistent message store; at start everything is read back in a fixed order: definitions
+(policies before the queues and exchanges they apply to), the message store (which on a dirty
+start asks the queue indexes for reference counts), then each durable queue's contents."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from broker.policy import PolicyInvalid, parse_policy
 from broker.queue.amqqueue import AMQQueue
 from broker.queue.durability import LazyIndex, QueueDurability, StoreLink, StorePeer
 from broker.queue.priority_queue import PriorityQueue
@@ -24,6 +25,7 @@ from broker.store.definitions import (
     BindingDef,
     Definitions,
     ExchangeDef,
+    PolicyDef,
     QueueDef,
 )
 from broker.store.msg_store import MsgStore
@@ -70,6 +72,7 @@ class Durable:
         self._restoring = True
         try:
             self._restore_access()
+            self._restore_params()
             # an index whose queue is gone (deleted, then a crash) must not keep bodies alive
             keep = [self.queue_dir(qd.vhost, qd.name) for qd in self.definitions.queues()]
             remove_orphans(self.queues_root, keep)
@@ -108,16 +111,36 @@ class Durable:
         for ps in s.permissions:
             node.auth.set_permissions(ps.user, ps.vhost, ps.configure, ps.write, ps.read)
 
+    def _restore_params(self) -> None:
+        """Policies and limits, before the queues and exchanges they apply to."""
+        node, db = self.node, self.definitions
+        for pd in db.policies():
+            vhost = node.vhosts.get(pd.vhost)
+            if vhost is None:
+                continue
+            try:
+                policy = parse_policy(pd.vhost, pd.name, pd.body, operator=pd.operator)
+            except PolicyInvalid as exc:  # stored by a broker that accepted more
+                log.warning("stored policy ignored", vhost=pd.vhost, policy=pd.name,
+                            reason=exc.reason)
+                continue
+            vhost.params.restore_policy(policy)
+        for name, limits in db.vhost_limits().items():
+            vhost = node.vhosts.get(name)
+            if vhost is not None:
+                vhost.params.set_limits(limits)
+
     def _restore_topology(self) -> None:
         node, db = self.node, self.definitions
         for xd in db.exchanges():
             vhost = node.vhosts.get(xd.vhost)
             if vhost is None or xd.name in vhost.exchanges:
                 continue
-            vhost.exchanges[xd.name] = Exchange(
+            ex = vhost.exchanges[xd.name] = Exchange(
                 xd.name, xd.type, durable=True, auto_delete=xd.auto_delete,
                 internal=xd.internal, arguments=dict(xd.arguments),
             )
+            vhost.params.apply_to_exchange(ex)
         recovered = 0
         for qd in db.queues():
             vhost = node.vhosts.get(qd.vhost)
@@ -128,7 +151,10 @@ class Durable:
             self.attach(q)
             recovered += q.recover()
             vhost.queues[qd.name] = q
+            vhost.params.apply_to_queue(q)
             q.start()
+        for vhost in node.vhosts.values():
+            vhost.params.apply_all()  # the predeclared exchanges too
         for bd in db.bindings():
             vhost = node.vhosts.get(bd.vhost)
             if vhost is None:
@@ -203,6 +229,12 @@ class Durable:
                                   dict(obj.arguments)))
         elif what == "delete_queue" and _persisted(obj):
             db.delete_queue(vhost, obj.name)
+        elif what == "put_policy":
+            db.put_policy(PolicyDef(vhost, obj.name, obj.operator, obj.body()))
+        elif what == "delete_policy":
+            db.delete_policy(vhost, obj.name, obj.operator)
+        elif what == "put_limits":
+            db.put_vhost_limits(vhost, obj)
         elif what in ("put_binding", "delete_binding"):
             src, dst, key, args = obj
             if not src.durable or not getattr(dst, "durable", False):

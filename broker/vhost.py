@@ -26,6 +26,7 @@ from broker.queue.dead_letter import is_cycle
 from broker.routing.exchange import Exchange
 from broker.routing.router import may_have_cc, routing_keys
 from broker.routing.router import route as route_through
+from broker.vhost_params import VHostParams
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -55,6 +56,8 @@ class VHost:
             self.exchanges[xname] = Exchange(xname, xtype, durable=True)
         # observers for durable definitions (the definitions store subscribes)
         self.on_change: Callable[[str, str, object], None] | None = None
+        # policies, operator policies and limits
+        self.params = VHostParams(self)
 
     # -- lookups ----------------------------------------------------------------------------
     def _where(self) -> str:
@@ -145,6 +148,7 @@ class VHost:
             )
         except ValueError as exc:
             raise ConnectionError_(COMMAND_INVALID, f"unknown exchange type '{type_}'") from exc
+        self.params.apply_to_exchange(ex)
         self.exchanges[name] = ex
         self._changed("put_exchange", ex)
         return ex
@@ -261,6 +265,7 @@ class VHost:
             return existing
         validate_queue(name, self.name, arguments, durable=durable, exclusive=exclusive,
                        auto_delete=auto_delete)
+        self.params.check_new_queue(name)
         q = AMQQueue(
             self,
             name,
@@ -272,6 +277,7 @@ class VHost:
         self.queues[name] = q
         if self.node is not None and self.node.durable is not None:
             self.node.durable.new_queue(q)
+        self.params.apply_to_queue(q)
         q.start()
         self._changed("put_queue", q)
         return q

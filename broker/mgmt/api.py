@@ -189,15 +189,6 @@ async def node_one(request: web.Request) -> web.Response:
     return json_response(node_json(node))
 
 
-async def healthcheck(request: web.Request) -> web.Response:
-    node = request.app[NODE]
-    alarms = sorted(node.alarms_active())
-    if alarms:  # as RabbitMQ's /api/health/checks/alarms: 503 while any alarm is in effect
-        return json_response({"status": "failed", "reason": "resource alarm(s) in effect",
-                              "alarms": alarms}, 503)
-    return json_response({"status": "ok"})
-
-
 # -- connections, channels, consumers -----------------------------------------------------------
 async def connections(request: web.Request) -> web.Response:
     node = request.app[NODE]
@@ -438,8 +429,6 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/api/overview", overview)
     r.add_get("/api/nodes", nodes)
     r.add_get("/api/nodes/{name}", node_one)
-    r.add_get("/api/healthchecks/node", healthcheck)
-    r.add_get("/api/health/checks/alarms", healthcheck)
     r.add_get("/api/connections", connections)
     r.add_get("/api/vhosts/{vhost}/connections", connections)
     r.add_get("/api/connections/{name}", connection_one)

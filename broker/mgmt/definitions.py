@@ -3,10 +3,13 @@ loads into Hare and a Hare export loads into RabbitMQ.
 
 As RabbitMQ, only durable queues and exchanges are exported (transient ones are not topology
 to restore), never the amq.* and default exchanges, nor the implicit default-exchange
-bindings. Import applies vhosts, users, permissions, exchanges, queues, then bindings; the
-first bad item stops it with a 400 naming that item (what came before it stays applied, as
-RabbitMQ). Sections Hare has no notion of (policies, parameters, topic permissions) are
-ignored and counted in the log."""
+bindings. Policies are in `policies`; operator policies and vhost limits are in `parameters`
+(components `operator_policy` and `vhost-limits`), as RabbitMQ exports them. Import applies
+vhosts, users, permissions, limits, operator policies, policies, exchanges, queues, then
+bindings (policies before the queues they apply to); the first bad item stops it with a 400
+naming that item (what came before it stays applied, as RabbitMQ). What Hare has no notion of
+(other parameter components, global parameters, topic permissions) is ignored and counted in
+the log."""
 
 from __future__ import annotations
 
@@ -17,18 +20,22 @@ from aiohttp import web
 
 from broker import __version__
 from broker.mgmt.admin import permission_json, put_user, set_permission, user_json
+from broker.mgmt.policies import set_limits, set_policy
 from broker.mgmt.server import NODE, ApiError, json_response, no_content, read_json
 from broker.protocol.errors import AMQPError
 from broker.routing.exchange import Exchange
 
 if TYPE_CHECKING:
+    from broker.auth import User
     from broker.node import Node
 
 __all__ = ["add_routes", "export_definitions", "import_definitions"]
 
 log = structlog.get_logger("hare.mgmt")
 
-_IGNORED = ("policies", "parameters", "global_parameters", "topic_permissions")
+_IGNORED = ("global_parameters", "topic_permissions")
+_OPERATOR_POLICY = "operator_policy"  # RabbitMQ's parameter components
+_VHOST_LIMITS = "vhost-limits"
 
 
 def _builtin(name: str) -> bool:
@@ -70,6 +77,16 @@ def export_definitions(node: Node) -> dict[str, Any]:
                 bindings.append({"source": name, "vhost": vname, "destination": dest_name,
                                  "destination_type": kind, "routing_key": b.routing_key,
                                  "arguments": b.arguments_dict()})
+    policies: list[dict[str, Any]] = []
+    parameters: list[dict[str, Any]] = []
+    for vname in sorted(node.vhosts):
+        params = node.vhosts[vname].params
+        policies.extend(p.json() for p in params.policies)
+        parameters.extend({"value": p.body(), "vhost": vname, "component": _OPERATOR_POLICY,
+                           "name": p.name} for p in params.operator_policies)
+        if params.limits:
+            parameters.append({"value": dict(params.limits), "vhost": vname,
+                               "component": _VHOST_LIMITS, "name": "limits"})
     return {
         "rabbit_version": __version__,
         "rabbitmq_version": __version__,
@@ -81,9 +98,9 @@ def export_definitions(node: Node) -> dict[str, Any]:
         "permissions": [permission_json(node, user, vhost)
                         for user, vhost in sorted(node.auth.perms)],
         "topic_permissions": [],
-        "parameters": [],
+        "parameters": parameters,
         "global_parameters": [],
-        "policies": [],
+        "policies": policies,
         "queues": queues,
         "exchanges": exchanges,
         "bindings": bindings,
@@ -112,8 +129,10 @@ def _vhost(node: Node, item: dict[str, Any], section: str) -> Any:
     return vhost
 
 
-def import_definitions(node: Node, defs: dict[str, Any]) -> dict[str, int]:
-    """Apply a definitions document; returns how many items of each section were applied."""
+def import_definitions(node: Node, defs: dict[str, Any],
+                       user: User | None = None) -> dict[str, int]:
+    """Apply a definitions document; returns how many items of each section were applied.
+    `user` is who imports it (policies are validated for that user)."""
     done: dict[str, int] = {}
     for item in _items(defs, "vhosts"):
         node.add_vhost(_str(item, "name", "vhosts"))
@@ -129,6 +148,28 @@ def import_definitions(node: Node, defs: dict[str, Any]) -> dict[str, int]:
         set_permission(node, _str(item, "user", "permissions"),
                        _str(item, "vhost", "permissions"), item)
     done["permissions"] = len(_items(defs, "permissions"))
+    ignored: dict[str, int] = {}
+    for item in _items(defs, "parameters"):
+        component = item.get("component")
+        value = item.get("value")
+        if component not in (_OPERATOR_POLICY, _VHOST_LIMITS):
+            ignored[f"parameters:{component}"] = ignored.get(f"parameters:{component}", 0) + 1
+            continue
+        if not isinstance(value, dict):
+            raise ApiError(400, f"parameters: value must be an object in {item!r}")
+        vhost = _vhost(node, item, "parameters")
+        if component == _VHOST_LIMITS:
+            set_limits(vhost, value)
+        else:
+            set_policy(node, vhost, _str(item, "name", "parameters"), value, operator=True,
+                       user=user)
+        done[component] = done.get(component, 0) + 1
+    for item in _items(defs, "policies"):
+        body = {k: item[k] for k in ("pattern", "definition", "priority", "apply-to")
+                if k in item}
+        set_policy(node, _vhost(node, item, "policies"), _str(item, "name", "policies"), body,
+                   operator=False, user=user)
+    done["policies"] = len(_items(defs, "policies"))
     try:
         for item in _items(defs, "exchanges"):
             name = _str(item, "name", "exchanges")
@@ -165,7 +206,8 @@ def import_definitions(node: Node, defs: dict[str, Any]) -> dict[str, int]:
         done["bindings"] = len(_items(defs, "bindings"))
     except AMQPError as exc:
         raise ApiError(400, f"definitions import failed: {exc.text}") from exc
-    ignored = {s: len(defs[s]) for s in _IGNORED if isinstance(defs.get(s), list) and defs[s]}
+    ignored.update({s: len(defs[s]) for s in _IGNORED
+                    if isinstance(defs.get(s), list) and defs[s]})
     log.info("definitions imported", **done, ignored=ignored or None)
     return done
 
@@ -179,7 +221,7 @@ async def definitions_get(request: web.Request) -> web.Response:
 
 
 async def definitions_post(request: web.Request) -> web.Response:
-    import_definitions(request.app[NODE], await read_json(request))
+    import_definitions(request.app[NODE], await read_json(request), request.get("user"))
     return no_content()
 
 

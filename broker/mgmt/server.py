@@ -198,7 +198,7 @@ class ManagementServer:
 
 
 def build_app(node: Node, stats: Stats) -> web.Application:
-    from broker.mgmt import admin, api, definitions, messages, metrics
+    from broker.mgmt import admin, api, definitions, health, messages, metrics, policies
 
     app = web.Application(middlewares=[_errors, _auth])
     app[NODE] = node
@@ -210,6 +210,8 @@ def build_app(node: Node, stats: Stats) -> web.Application:
     admin.add_routes(app)
     definitions.add_routes(app)
     messages.add_routes(app)
+    policies.add_routes(app)
+    health.add_routes(app)
     return app
 
 

@@ -71,6 +71,27 @@ def queue_json(q: AMQQueue, stats: Stats, node_name: str) -> dict[str, Any]:
         "single_active_consumer_tag": sac.tag if sac is not None else None,
         "memory": _PER_QUEUE_BYTES + body_bytes + messages * _PER_MESSAGE_BYTES,
         "message_stats": message_stats,
+        "policy": q.policy.name if q.policy is not None else None,
+        "operator_policy": q.operator_policy.name if q.operator_policy is not None else None,
+        "effective_policy_definition": q.effective_policy,
+        **_paging(q),
+    }
+
+
+def _paging(q: AMQQueue) -> dict[str, Any]:
+    """Where the ready messages are (RAM or paged out), and the part of RabbitMQ's
+    backing_queue_status that says so."""
+    bq = q.bq
+    if bq is None:
+        return {}
+    ready, ram, target = len(bq), bq.ram_msg_count, bq.target_ram_count
+    return {
+        "messages_ram": ram,
+        "messages_paged_out": ready - ram,
+        "backing_queue_status": {
+            "mode": q.args.queue_mode, "len": ready,
+            "target_ram_count": "infinity" if target is None else target,
+        },
     }
 
 
@@ -84,6 +105,8 @@ def exchange_json(ex: Exchange, vhost: VHost) -> dict[str, Any]:
         "internal": ex.internal,
         "arguments": ex.arguments,
         "user_who_performed_action": "rmq-internal",
+        # as RabbitMQ, only when one applies
+        **({"policy": ex.policy.name} if ex.policy is not None else {}),
     }
 
 

@@ -21,6 +21,8 @@ from broker.protocol.errors import ChannelError
 
 __all__ = [
     "MAX_PRIORITY",
+    "OVERFLOW_MODES",
+    "QUEUE_MODES",
     "QUEUE_TYPES",
     "QueueArgs",
     "amqp_type",
@@ -37,13 +39,14 @@ REPLICATED_TYPES = ("quorum", "stream")  # accepted, served by a classic queue
 _INT_ARGS = ("x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes",
              "x-max-priority")
 _STR_ARGS = ("x-dead-letter-exchange", "x-dead-letter-routing-key", "x-overflow",
-             "x-queue-type")
+             "x-queue-type", "x-queue-mode")
 # arguments of the features in this module that RabbitMQ's replicated types refuse
 _UNSUPPORTED = {
     "quorum": ("x-max-priority",),
     "stream": ("x-max-priority", "x-single-active-consumer"),
 }
-_OVERFLOW = ("drop-head", "reject-publish", "reject-publish-dlx")
+OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
+QUEUE_MODES = ("default", "lazy")  # lazy: every body paged out as it arrives (FLOW.md)
 
 
 class QueueArgs:
@@ -53,7 +56,7 @@ class QueueArgs:
 
     __slots__ = (
         "dlrk", "dlx", "expires_ms", "max_length", "max_length_bytes", "max_priority",
-        "overflow", "queue_type", "single_active", "ttl_ms",
+        "overflow", "queue_mode", "queue_type", "single_active", "ttl_ms",
     )
 
     def __init__(self, arguments: dict[str, Any]) -> None:
@@ -68,6 +71,11 @@ class QueueArgs:
         self.max_priority: int = min(int(arguments.get("x-max-priority") or 0), MAX_PRIORITY)
         self.single_active: bool = arguments.get("x-single-active-consumer") is True
         self.queue_type: str = arguments.get("x-queue-type") or "classic"
+        self.queue_mode: str = arguments.get("x-queue-mode") or "default"
+
+    @property
+    def lazy(self) -> bool:
+        return self.queue_mode == "lazy"
 
 
 def amqp_type(value: object) -> str:
@@ -134,10 +142,12 @@ def validate_queue(
                         f"in vhost '{vhost}'",
                     )
                 raise _invalid(key, name, vhost, f"{{unacceptable_type,{_erl_type(value)}}}")
-            if key == "x-overflow" and value not in _OVERFLOW:
+            if key == "x-overflow" and value not in OVERFLOW_MODES:
                 raise _invalid(key, name, vhost, "invalid_overflow")
             if key == "x-queue-type" and value not in QUEUE_TYPES:
                 raise _invalid(key, name, vhost, f"\"unsupported queue type '{value}'\"")
+            if key == "x-queue-mode" and value not in QUEUE_MODES:
+                raise _invalid(key, name, vhost, f"\"unsupported queue mode '{value}'\"")
     if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
         raise _invalid("x-dead-letter-routing-key", name, vhost, "routing_key_but_no_dlx_defined")
     priority = arguments.get("x-max-priority")

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from broker.message import Message
+
+if TYPE_CHECKING:
+    from broker.policy import Policy
 
 __all__ = [
     "Binding",
@@ -93,6 +96,7 @@ class Exchange:
         "durable",
         "internal",
         "name",
+        "policy",
         "type",
     )
 
@@ -131,15 +135,24 @@ class Exchange:
         self.auto_delete = auto_delete
         self.internal = internal
         self.arguments: dict[str, Any] = dict(arguments) if arguments else {}
-        ae = self.arguments.get("alternate-exchange")
-        if isinstance(ae, bytes):
-            ae = ae.decode("utf-8", "replace")
-        # Settable: a policy may supply it too (RabbitMQ reads argument, then policy).
-        self.alternate_exchange: str | None = ae if isinstance(ae, str) else None
+        self.alternate_exchange: str | None = None
+        self.policy: Policy | None = None
+        self.set_policy(None)
         self._bindings: dict[Binding, None] = {}  # insertion-ordered set
         self._by_dest: dict[object, dict[Binding, None]] = {}
         # How many bindings lead to another exchange: lets the router skip e2e work.
         self._exchange_dests = 0
+
+    def set_policy(self, policy: Policy | None) -> None:
+        """The policy that applies changed (set by the vhost): the alternate exchange is the
+        argument's, else the policy's (RabbitMQ reads the argument, then the policy)."""
+        self.policy = policy
+        ae = self.arguments.get("alternate-exchange")
+        if isinstance(ae, bytes):
+            ae = ae.decode("utf-8", "replace")
+        if not isinstance(ae, str) and policy is not None:
+            ae = policy.definition.get("alternate-exchange")
+        self.alternate_exchange = ae if isinstance(ae, str) else None
 
     # -- bindings ------------------------------------------------------------------------------
     def bind(

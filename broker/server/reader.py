@@ -339,6 +339,7 @@ class Reader(asyncio.Protocol):
                 f"access to vhost '{m.virtual_host}' refused for user '{self.user}'",
                 (10, 40),
             )
+        vhost.params.check_new_connection(self.user)
         self.vhost = vhost
         self.permissions = perms
         self.state = OPENED

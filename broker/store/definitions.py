@@ -1,5 +1,6 @@
-"""The definitions database: durable exchanges, queues and bindings, users, vhosts and
-permissions, restored at start (RabbitMQ keeps these in Mnesia/Khepri).
+"""The definitions database: durable exchanges, queues and bindings, users, vhosts,
+permissions, policies and vhost limits, restored at start (RabbitMQ keeps these in
+Mnesia/Khepri).
 
 Why SQLite (standard library): each put/delete is one transaction, so a crash never leaves an
 exchange deleted but its bindings kept; with WAL a crash mid-write leaves the database at its
@@ -40,6 +41,7 @@ __all__ = [
     "DefinitionsCorrupt",
     "ExchangeDef",
     "PermissionDef",
+    "PolicyDef",
     "QueueDef",
     "UserDef",
     "check_password",
@@ -96,6 +98,17 @@ class PermissionDef:
     configure: str
     write: str
     read: str
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyDef:
+    """A policy (operator=False) or operator policy; `body` is its JSON as PUT takes it
+    (pattern, definition, priority, apply-to), validated again when it is restored."""
+
+    vhost: str
+    name: str
+    operator: bool
+    body: dict[str, Any]
 
 
 class DefinitionsCorrupt(RuntimeError):
@@ -196,6 +209,11 @@ CREATE TABLE IF NOT EXISTS bindings (
     PRIMARY KEY (vhost, source, destination_type, destination, routing_key, args_key));
 CREATE INDEX IF NOT EXISTS bindings_by_destination
     ON bindings (vhost, destination_type, destination);
+CREATE TABLE IF NOT EXISTS policies (
+    vhost TEXT NOT NULL, name TEXT NOT NULL, operator INTEGER NOT NULL, body TEXT NOT NULL,
+    PRIMARY KEY (vhost, operator, name));
+CREATE TABLE IF NOT EXISTS vhost_limits (
+    vhost TEXT PRIMARY KEY, limits TEXT NOT NULL) WITHOUT ROWID;
 """
 
 
@@ -258,7 +276,8 @@ class Definitions:
         """Also deletes everything that lives in the vhost, and permissions on it."""
         with self._tx() as db:
             db.execute("DELETE FROM vhosts WHERE name = ?", (name,))
-            for table in ("permissions", "exchanges", "queues", "bindings"):
+            for table in ("permissions", "exchanges", "queues", "bindings", "policies",
+                          "vhost_limits"):
                 db.execute(f"DELETE FROM {table} WHERE vhost = ?", (name,))
 
     def vhosts(self) -> list[str]:
@@ -289,6 +308,34 @@ class Definitions:
     def permissions(self) -> list[PermissionDef]:
         rows = self._rows("SELECT * FROM permissions ORDER BY user, vhost")
         return [PermissionDef(*r) for r in rows]
+
+    # -- policies and limits -------------------------------------------------------------------
+    def put_policy(self, d: PolicyDef) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO policies VALUES (?, ?, ?, ?)",
+                       (d.vhost, d.name, d.operator, json.dumps(d.body)))
+
+    def delete_policy(self, vhost: str, name: str, operator: bool) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM policies WHERE vhost = ? AND operator = ? AND name = ?",
+                       (vhost, operator, name))
+
+    def policies(self) -> list[PolicyDef]:
+        rows = self._rows("SELECT vhost, name, operator, body FROM policies "
+                          "ORDER BY vhost, operator, name")
+        return [PolicyDef(v, n, bool(o), json.loads(b)) for v, n, o, b in rows]
+
+    def put_vhost_limits(self, vhost: str, limits: Mapping[str, int]) -> None:
+        """Replace a vhost's limits ({} clears them)."""
+        with self._tx() as db:
+            db.execute("DELETE FROM vhost_limits WHERE vhost = ?", (vhost,))
+            if limits:
+                db.execute("INSERT INTO vhost_limits VALUES (?, ?)",
+                           (vhost, json.dumps(dict(limits))))
+
+    def vhost_limits(self) -> dict[str, dict[str, int]]:
+        rows = self._rows("SELECT vhost, limits FROM vhost_limits ORDER BY vhost")
+        return {v: json.loads(text) for v, text in rows}
 
     # -- topology ------------------------------------------------------------------------------
     def put_exchange(self, d: ExchangeDef) -> None:

@@ -40,7 +40,7 @@ RABBITMQ_EXPORT = {
     "parameters": [],
     "global_parameters": [{"name": "cluster_name", "value": "rabbit@prod"}],
     "policies": [{"vhost": "orders", "name": "ttl", "pattern": ".*", "apply-to": "queues",
-                  "definition": {"message-ttl": 1000}, "priority": 0}],
+                  "definition": {"message-ttl": 600000}, "priority": 0}],
     "queues": [
         {"name": "orders.new", "vhost": "orders", "durable": True, "auto_delete": False,
          "arguments": {"x-queue-type": "classic", "x-max-length": 1000}},
@@ -115,6 +115,7 @@ async def test_import_rabbitmq_export_then_use_it_over_amqp(second: MgmtBroker) 
     q = second.get("/api/queues/orders/orders.new")
     assert q["arguments"] == {"x-queue-type": "classic", "x-max-length": 1000}
     assert q["durable"] is True
+    assert (q["policy"], q["effective_policy_definition"]) == ("ttl", {"message-ttl": 600000})
 
     conn = await aio_pika.connect(f"amqp://imported:rpw@127.0.0.1:{second.port}/orders")
     ch = await conn.channel()
@@ -127,7 +128,7 @@ async def test_import_rabbitmq_export_then_use_it_over_amqp(second: MgmtBroker) 
 
     # a Hare export loads into another broker unchanged: same topology either way
     exported = second.get("/api/definitions")
-    for section in ("queues", "exchanges", "bindings", "permissions"):
+    for section in ("queues", "exchanges", "bindings", "permissions", "policies"):
         assert sorted(map(str, exported[section])) == sorted(
             map(str, RABBITMQ_EXPORT[section] if section != "permissions"
                 else RABBITMQ_EXPORT[section] + [p for p in exported[section]

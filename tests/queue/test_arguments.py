@@ -37,6 +37,8 @@ def refused(conn, name: str, arguments: dict, **kw) -> tuple[int, str]:
     ({"x-single-active-consumer": 1}, "{unacceptable_type,signedint}"),
     ({"x-queue-type": "foo"}, "\"unsupported queue type 'foo'\""),
     ({"x-queue-type": 1}, "{unacceptable_type,signedint}"),
+    ({"x-queue-mode": "foo"}, "\"unsupported queue mode 'foo'\""),
+    ({"x-queue-mode": 5}, "{unacceptable_type,signedint}"),
     ({"x-message-ttl": "x"}, '"expected integer, got longstr"'),
     ({"x-expires": 0}, "{value_zero,0}"),
     ({"x-max-length": -1}, "{value_negative,-1}"),

@@ -1,0 +1,123 @@
+"""Health checks, with RabbitMQ's paths, status codes (200 healthy, 503 not) and JSON, so
+monitoring set up for RabbitMQ works unchanged:
+
+    /api/healthchecks/node                 {"status":"ok"} (RabbitMQ's older, deprecated check)
+    /api/health/checks/alarms              503 while any resource alarm is in effect
+    /api/health/checks/local-alarms        the same for this node (one node: the same set)
+    /api/health/checks/port-listener/{p}   503 unless something listens on port p
+    /api/health/checks/virtual-hosts       503 if a vhost is down (a Hare vhost never is)
+    /api/aliveness-test/{vhost}            declare `aliveness-test`, publish, get it back
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from pamqp import commands
+
+from broker.flow.alarm import DISK, MEMORY
+from broker.message import Message, encode_properties
+from broker.mgmt.api import vhost_of
+from broker.mgmt.server import NODE, ApiError, json_response
+
+if TYPE_CHECKING:
+    from broker.auth import User
+    from broker.node import Node
+
+__all__ = ["add_routes", "listening_ports"]
+
+_UNHEALTHY = 503
+# RabbitMQ's names for the resources (rabbit_alarm's format_as_map)
+_RESOURCE = {MEMORY: "memory", DISK: "disk space"}
+ALIVENESS_QUEUE = "aliveness-test"
+
+
+def _failed(reason: str, **extra: Any) -> web.Response:
+    return json_response({"status": "failed", "reason": reason, **extra}, _UNHEALTHY)
+
+
+def _ok(**extra: Any) -> web.Response:
+    return json_response({"status": "ok", **extra})
+
+
+def _alarms(node: Node) -> list[dict[str, str]]:
+    return [{"resource": _RESOURCE.get(r, r), "node": node.name}
+            for r in sorted(node.alarms_active())]
+
+
+async def node_check(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    alarms = sorted(node.alarms_active())
+    if alarms:
+        return _failed("resource alarm(s) in effect", alarms=alarms)
+    return _ok()
+
+
+def _alarms_check(reason: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """One node: its local alarms are the cluster's, only RabbitMQ's wording differs."""
+
+    async def check(request: web.Request) -> web.Response:
+        alarms = _alarms(request.app[NODE])
+        return _failed(reason, alarms=alarms) if alarms else _ok()
+
+    return check
+
+
+def listening_ports(node: Node) -> list[int]:
+    """Every port the node accepts connections on: AMQP listeners and the management one."""
+    ports = [int(sock.getsockname()[1])
+             for server in node.servers for sock in (server.sockets or ())]
+    if node.management is not None:
+        ports.append(node.management.port)
+    return sorted(set(ports))
+
+
+async def port_listener_check(request: web.Request) -> web.Response:
+    try:
+        port = int(request.match_info["port"])
+    except ValueError:
+        raise ApiError(400, "Invalid port") from None
+    ports = listening_ports(request.app[NODE])
+    if port in ports:
+        return _ok(port=port)
+    return _failed("No active listener", missing=port, ports=ports)
+
+
+async def virtual_hosts_check(request: web.Request) -> web.Response:
+    # A Hare vhost has no separate process or store that could be down: it is up while the
+    # node answers. The 503 shape would be {"reason":"Some virtual hosts are down", ...}.
+    return _ok()
+
+
+async def aliveness_test(request: web.Request) -> web.Response:
+    """As RabbitMQ 3.10: declare the non-durable queue `aliveness-test` (left in place, so
+    frequent probes do not churn definitions), publish "test_message" to it through the
+    default exchange and get it back."""
+    node = request.app[NODE]
+    vhost = vhost_of(node, request.match_info["vhost"])
+    user: User = request["user"]
+    if node.auth.permissions(user.name, vhost.name) is None:
+        raise ApiError(401, "User not authorised to access virtual host", "not_authorised")
+    q = vhost.declare_queue(ALIVENESS_QUEUE)
+    msg = Message("", ALIVENESS_QUEUE, encode_properties(commands.Basic.Properties()),
+                  b"test_message")
+    for target in vhost.route(vhost.default_exchange, msg):
+        target.post_publishes(None, [(msg, 0)])
+    got = q.get(False)
+    if got is None:
+        return _failed("aliveness-test queue is empty")
+    return _ok()
+
+
+def add_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/api/healthchecks/node", node_check)
+    r.add_get("/api/health/checks/alarms",
+              _alarms_check("There are alarms in effect in the cluster"))
+    r.add_get("/api/health/checks/local-alarms",
+              _alarms_check("There are alarms in effect on the node"))
+    r.add_get("/api/health/checks/port-listener/{port}", port_listener_check)
+    r.add_get("/api/health/checks/virtual-hosts", virtual_hosts_check)
+    r.add_get("/api/aliveness-test/{vhost}", aliveness_test)

@@ -1,0 +1,147 @@
+"""/api/policies, /api/operator-policies and /api/vhost-limits: RabbitMQ's paths, JSON and
+status codes. A policy set here is validated, stored in the vhost (which applies it to its
+queues and exchanges at once) and written to the definitions database."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from broker.mgmt.api import vhost_of
+from broker.mgmt.server import (
+    NODE,
+    ApiError,
+    created_or_updated,
+    json_response,
+    no_content,
+    read_json,
+)
+from broker.policy import Policy, PolicyInvalid, parse_limits, parse_policy
+
+if TYPE_CHECKING:
+    from broker.auth import User
+    from broker.node import Node
+    from broker.vhost import VHost
+
+__all__ = ["add_routes", "limits_json", "set_limits", "set_policy", "validate_policy"]
+
+
+def validate_policy(node: Node, vhost: VHost, name: str, body: dict[str, Any], *,
+                    operator: bool, user: User | None) -> Policy:
+    """Every policy passes here before it is stored: PUT over HTTP and definitions import.
+
+    The seam for access control: a check that `user` may set this policy (for example write
+    permission on the dead-letter or alternate exchange it names) belongs in this function,
+    raising ApiError, so no path can store a policy around it."""
+    try:
+        return parse_policy(vhost.name, name, body, operator=operator)
+    except PolicyInvalid as exc:
+        raise ApiError(400, exc.reason) from exc
+
+
+def set_policy(node: Node, vhost: VHost, name: str, body: dict[str, Any], *,
+               operator: bool, user: User | None) -> bool:
+    """Validate, store and apply; True when the policy is new."""
+    policy = validate_policy(node, vhost, name, body, operator=operator, user=user)
+    return vhost.params.put_policy(policy)
+
+
+def _operator(request: web.Request) -> bool:
+    return request.path.startswith("/api/operator-policies")
+
+
+def _policies(vhost: VHost, operator: bool) -> list[Policy]:
+    return list(vhost.params.operator_policies if operator else vhost.params.policies)
+
+
+async def policies_list(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    name = request.match_info.get("vhost")
+    vhosts = [vhost_of(node, name)] if name is not None else [
+        node.vhosts[v] for v in sorted(node.vhosts)]
+    operator = _operator(request)
+    return json_response([p.json() for v in vhosts for p in _policies(v, operator)])
+
+
+def _policy(request: web.Request) -> Policy:
+    vhost = vhost_of(request.app[NODE], request.match_info["vhost"])
+    sets = vhost.params.operator_policies if _operator(request) else vhost.params.policies
+    policy = sets.get(request.match_info["name"])
+    if policy is None:
+        raise ApiError(404, "Not Found")
+    return policy
+
+
+async def policy_one(request: web.Request) -> web.Response:
+    return json_response(_policy(request).json())
+
+
+async def policy_put(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    vhost = vhost_of(node, request.match_info["vhost"])
+    body = await read_json(request)
+    created = set_policy(node, vhost, request.match_info["name"], body,
+                         operator=_operator(request), user=request.get("user"))
+    return created_or_updated(created)
+
+
+async def policy_delete(request: web.Request) -> web.Response:
+    policy = _policy(request)
+    vhost = vhost_of(request.app[NODE], policy.vhost)
+    vhost.params.clear_policy(policy.name, policy.operator)
+    return no_content()
+
+
+# -- vhost limits -------------------------------------------------------------------------------
+def limits_json(vhost: VHost) -> list[dict[str, Any]]:
+    """RabbitMQ's shape: one {"vhost", "value"} object, or nothing when no limit is set."""
+    limits = vhost.params.limits
+    return [{"vhost": vhost.name, "value": dict(limits)}] if limits else []
+
+
+def set_limits(vhost: VHost, value: dict[str, Any]) -> None:
+    """Replace every limit of the vhost (rabbitmqctl set_vhost_limits semantics)."""
+    try:
+        vhost.params.set_limits(parse_limits(value))
+    except PolicyInvalid as exc:
+        raise ApiError(400, exc.reason) from exc
+
+
+async def limits_list(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    name = request.match_info.get("vhost")
+    if name is not None:
+        return json_response(limits_json(vhost_of(node, name)))
+    return json_response([x for v in sorted(node.vhosts) for x in limits_json(node.vhosts[v])])
+
+
+async def limit_put(request: web.Request) -> web.Response:
+    vhost = vhost_of(request.app[NODE], request.match_info["vhost"])
+    body = await read_json(request)
+    if "value" not in body:
+        raise ApiError(400, "[{key_missing,value}]")
+    set_limits(vhost, {**vhost.params.limits, request.match_info["name"]: body["value"]})
+    return no_content()
+
+
+async def limit_delete(request: web.Request) -> web.Response:
+    vhost = vhost_of(request.app[NODE], request.match_info["vhost"])
+    limits = dict(vhost.params.limits)
+    if limits.pop(request.match_info["name"], None) is not None:
+        vhost.params.set_limits(limits)
+    return no_content()  # as RabbitMQ, also when that limit was not set
+
+
+def add_routes(app: web.Application) -> None:
+    r = app.router
+    for base in ("/api/policies", "/api/operator-policies"):
+        r.add_get(base, policies_list)
+        r.add_get(base + "/{vhost}", policies_list)
+        r.add_get(base + "/{vhost}/{name}", policy_one)
+        r.add_put(base + "/{vhost}/{name}", policy_put)
+        r.add_delete(base + "/{vhost}/{name}", policy_delete)
+    r.add_get("/api/vhost-limits", limits_list)
+    r.add_get("/api/vhost-limits/{vhost}", limits_list)
+    r.add_put("/api/vhost-limits/{vhost}/{name}", limit_put)
+    r.add_delete("/api/vhost-limits/{vhost}/{name}", limit_delete)
