@@ -12,116 +12,29 @@ fast. Exit codes are rabbitmqctl's: 0 ok, 64 usage, 65 bad data, 69 broker unrea
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
-import socket
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+
+from broker.ctl_client import (
+    DEFAULT_URL,
+    EX_DATAERR,
+    EX_SOFTWARE,
+    EX_USAGE,
+    Client,
+    CtlError,
+    reason_of,
+    table,
+)
+from broker.ctl_client import cell as _cell
+from broker.ctl_client import done as _done
+from broker.ctl_client import quote_name as _q
+from broker.ctl_policy import add_verbs as add_policy_verbs
 
 __all__ = ["CtlError", "main"]
-
-DEFAULT_URL = "http://127.0.0.1:15672"
-EX_USAGE, EX_DATAERR, EX_UNAVAILABLE, EX_SOFTWARE, EX_NOPERM = 64, 65, 69, 70, 77
-
-
-class CtlError(Exception):
-    """A one-line failure and its exit code."""
-
-    def __init__(self, message: str, code: int = EX_SOFTWARE) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-# -- HTTP -----------------------------------------------------------------------------------------
-class Client:
-    def __init__(self, url: str, user: str, password: str, timeout: float = 10.0) -> None:
-        self.url = url.rstrip("/")
-        self.user = user
-        token = base64.b64encode(f"{user}:{password}".encode()).decode()
-        self.auth = f"Basic {token}"
-        self.timeout = timeout
-
-    def call(self, method: str, path: str, body: Any = None,
-             headers: dict[str, str] | None = None, what: str = "") -> Any:
-        """One request; `what` names the object for a 404 ("queue 'q' in vhost '/'")."""
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method)
-        req.add_header("Authorization", self.auth)
-        for key, value in (headers or {}).items():
-            req.add_header(key, value)
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as exc:
-            raise self._http_error(exc, what or path) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            if isinstance(reason, ConnectionRefusedError):
-                text = "connection refused"
-            elif isinstance(reason, socket.timeout | TimeoutError):
-                text = "timed out"
-            else:
-                text = str(getattr(reason, "strerror", None) or reason)
-            raise CtlError(f"cannot reach the management API at {self.url}: {text}",
-                           EX_UNAVAILABLE) from None
-        return json.loads(raw) if raw.strip() else None
-
-    def _http_error(self, exc: urllib.error.HTTPError, what: str) -> CtlError:
-        try:
-            reason = json.loads(exc.read()).get("reason", "")
-        except (ValueError, AttributeError):
-            reason = ""
-        if exc.code == 401:
-            why = f" ({reason})" if reason and reason != "Not_Authorized" else ""
-            return CtlError(f"authentication failed for user '{self.user}' at {self.url} "
-                            f"(401){why}", EX_NOPERM)
-        if exc.code == 404:
-            return CtlError(f"not found: {what}", EX_DATAERR)
-        return CtlError(f"{reason or exc.reason} (HTTP {exc.code})",
-                        EX_DATAERR if exc.code in (400, 403, 405) else EX_SOFTWARE)
-
-    def get(self, path: str, what: str = "") -> Any:
-        return self.call("GET", path, what=what)
-
-
-def _q(name: str) -> str:
-    return quote(name, safe="")
-
-
-# -- output ---------------------------------------------------------------------------------------
-def _cell(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return ""
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return "[" + ", ".join(value) + "]"  # tags, as rabbitmqctl prints them
-    if isinstance(value, dict | list):
-        return json.dumps(value, separators=(",", ":"))
-    return str(value)
-
-
-def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
-    """Aligned columns with a header; numbers right-aligned."""
-    cells = [[_cell(r.get(c)) for c in columns] for r in rows]
-    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
-    numeric = [all(row[i].lstrip("-").replace(".", "", 1).isdigit() for row in cells if row[i])
-               and any(row[i] for row in cells) for i in range(len(columns))]
-
-    def line(values: Sequence[str]) -> str:
-        parts = [v.rjust(w) if num else v.ljust(w)
-                 for v, w, num in zip(values, widths, numeric, strict=True)]
-        return "  ".join(parts).rstrip()
-
-    return "\n".join([line(list(columns)), *(line(row) for row in cells)])
 
 
 # -- list_* columns (rabbitmqctl's info items -> API fields) -------------------------------------
@@ -148,6 +61,8 @@ def _connection_row(c: dict[str, Any]) -> dict[str, Any]:
                                     for k in ("product", "version")).strip()}
 
 
+_POLICY_COLUMNS = ("vhost", "name", "pattern", "apply-to", "definition", "priority")
+
 LISTS: dict[str, tuple[Callable[[argparse.Namespace], str], tuple[str, ...],
                        Callable[[dict[str, Any]], dict[str, Any]]]] = {
     "list_queues": (lambda a: f"/api/queues/{_q(a.vhost)}", ("name", "messages"), _queue_row),
@@ -166,12 +81,15 @@ LISTS: dict[str, tuple[Callable[[argparse.Namespace], str], tuple[str, ...],
     "list_vhosts": (lambda a: "/api/vhosts", ("name",), dict),
     "list_permissions": (lambda a: f"/api/vhosts/{_q(a.vhost)}/permissions",
                          ("user", "configure", "write", "read"), dict),
+    "list_policies": (lambda a: f"/api/policies/{_q(a.vhost)}", _POLICY_COLUMNS, dict),
+    "list_operator_policies": (lambda a: f"/api/operator-policies/{_q(a.vhost)}",
+                               _POLICY_COLUMNS, dict),
 }
 
 
 # the list verbs whose API path names a vhost take -p, as rabbitmqctl's
 _PER_VHOST = ("list_queues", "list_exchanges", "list_bindings", "list_consumers",
-              "list_permissions")
+              "list_permissions", "list_policies", "list_operator_policies")
 
 
 def _list(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
@@ -222,10 +140,6 @@ def _status_value(value: Any) -> str:
     return _cell(value)
 
 
-def _done(message: str) -> tuple[Any, str]:
-    return {"result": "ok", "message": message}, message
-
-
 def _add_user(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
     client.call("PUT", f"/api/users/{_q(a.name)}", {"password": a.new_password, "tags": a.tags})
     return _done(f"Adding user \"{a.name}\" ...")
@@ -240,6 +154,64 @@ def _set_user_tags(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
 def _delete_user(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
     client.call("DELETE", f"/api/users/{_q(a.name)}", what=f"user '{a.name}'")
     return _done(f"Deleting user \"{a.name}\" ...")
+
+
+def _change_password(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
+    client.get(f"/api/users/{_q(a.name)}", what=f"user '{a.name}'")  # never create one
+    client.call("PUT", f"/api/users/{_q(a.name)}", {"password": a.new_password})
+    return _done(f"Changing password for user \"{a.name}\" ...")
+
+
+def _authenticate_user(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
+    """Log in as that user: any answer but 401 Not_Authorized means the password is right
+    (a user without management tags is refused the API, not the login)."""
+    as_user = Client(client.url, a.name, a.user_password, client.timeout)
+    status, raw = as_user.request("GET", "/api/whoami")
+    if status == 401 and reason_of(raw) == "Not_Authorized":
+        raise CtlError(f"failed to authenticate user \"{a.name}\"\n"
+                       f"user '{a.name}' - invalid credentials", EX_DATAERR)
+    return _done(f"Authenticating user \"{a.name}\" ...\nSuccess")
+
+
+def _user_permissions(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
+    rows = client.get(f"/api/users/{_q(a.name)}/permissions", what=f"user '{a.name}'")
+    columns = ("vhost", "configure", "write", "read")
+    data = [{c: r.get(c) for c in columns} for r in rows]
+    return data, f"Listing permissions for user \"{a.name}\" ...\n{table(data, columns)}"
+
+
+def _clear_permissions(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
+    """As rabbitmqctl: the user and vhost must exist; no permissions to clear is fine."""
+    client.get(f"/api/users/{_q(a.perm_user)}", what=f"user '{a.perm_user}'")
+    client.get(f"/api/vhosts/{_q(a.vhost)}", what=f"vhost '{a.vhost}'")
+    status, raw = client.request("DELETE", f"/api/permissions/{_q(a.vhost)}/{_q(a.perm_user)}")
+    if status >= 400 and status != 404:
+        raise CtlError(f"{reason_of(raw) or 'error'} (HTTP {status})", EX_DATAERR)
+    return _done(f"Clearing permissions for user \"{a.perm_user}\" in vhost \"{a.vhost}\" ...")
+
+
+def _ping(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
+    node = client.get("/api/overview")["node"]
+    return _done(f"Will ping {node}. This checks that the node answers its management API "
+                 "and accepts these credentials.\nPing succeeded")
+
+
+_ALARM_TEXT = {"memory": "Memory alarm", "disk space": "Free disk space alarm"}
+
+
+def _alarms(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
+    """Lists the alarms in effect (exit 0 either way: the health check is what fails)."""
+    status, raw = client.request("GET", "/api/health/checks/local-alarms")
+    if status not in (200, 503):
+        raise CtlError(f"{reason_of(raw) or 'error'} (HTTP {status})", EX_SOFTWARE)
+    alarms = json.loads(raw).get("alarms", [])
+    node = client.get("/api/overview")["node"]
+    head = f"Asking node {node} to report any known resource alarms ..."
+    if not alarms:
+        return alarms, f"{head}\nNode {node} reported no alarms, local or clusterwide"
+    lines = [f"{_ALARM_TEXT.get(x['resource'], x['resource'])} on node {x['node']}"
+             for x in alarms]
+    return alarms, "\n".join([head, *lines])
 
 
 def _add_vhost(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
@@ -371,6 +343,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("name")
     sp.add_argument("tags", nargs="*")
     verb("delete_user", _delete_user, "delete a user").add_argument("name")
+    sp = verb("change_password", _change_password, "set a user's password")
+    sp.add_argument("name")
+    sp.add_argument("new_password", metavar="password")
+    sp = verb("authenticate_user", _authenticate_user,
+              "check a user's password (exit 65 when refused)")
+    sp.add_argument("name")
+    sp.add_argument("user_password", metavar="password")
+    verb("list_user_permissions", _user_permissions, "a user's permissions in every vhost"
+         ).add_argument("name")
+    verb("clear_permissions", _clear_permissions, "remove a user's permissions in a vhost",
+         vhost=True).add_argument("perm_user", metavar="user")
+    verb("ping", _ping, "check that the broker answers (exit 69 when it does not)")
+    verb("alarms", _alarms, "list the resource alarms in effect")
+    add_policy_verbs(verb)
     verb("add_vhost", _add_vhost, "add a virtual host").add_argument("name")
     verb("delete_vhost", _delete_vhost, "delete a virtual host and all in it").add_argument(
         "name")

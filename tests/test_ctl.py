@@ -13,6 +13,8 @@ from pathlib import Path
 
 import aio_pika
 import aiormq
+import pika
+import pika.exceptions
 import pytest
 from aio_pika import DeliveryMode, Message
 from mgmt.helpers import MgmtBroker, free_port
@@ -224,3 +226,139 @@ async def test_list_queues_shows_the_real_type(mb: MgmtBroker) -> None:
     for name in ("ctl.quorum", "ctl.stream"):
         await ch.queue_delete(name)
     await conn.close()
+
+
+async def test_policy_verbs(mb: MgmtBroker) -> None:
+    assert (await ctl(mb, "add_vhost", "ctl-pol")).returncode == 0
+    done = await ctl(mb, "set_policy", "-p", "ctl-pol", "--priority", "3", "--apply-to",
+                     "queues", "cap", "^c", '{"max-length": 1}')
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ('Setting policy "cap" for pattern "^c" to '
+                                   '"{"max-length": 1}" with priority "3" for vhost '
+                                   '"ctl-pol" ...')
+    conn = await aiormq.connect(f"amqp://guest:guest@127.0.0.1:{mb.port}/ctl-pol")
+    ch = await conn.channel()
+    await ch.queue_declare("capped")
+    for body in (b"1", b"2"):
+        await ch.basic_publish(body, routing_key="capped")
+    assert (await ch.queue_declare("capped", passive=True)).message_count == 1
+
+    lines = (await ctl(mb, "list_policies", "-p", "ctl-pol")).stdout.splitlines()
+    assert lines[0].split() == ["vhost", "name", "pattern", "apply-to", "definition",
+                                "priority"]
+    assert lines[1].split() == ["ctl-pol", "cap", "^c", "queues", '{"max-length":1}', "3"]
+    done = await ctl(mb, "set_operator_policy", "-p", "ctl-pol", "op", "^c",
+                     '{"message-ttl": 60000}')
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((await ctl(mb, "--json", "list_operator_policies", "-p", "ctl-pol")
+                       ).stdout)
+    assert rows == [{"vhost": "ctl-pol", "name": "op", "pattern": "^c", "apply-to": "all",
+                     "definition": {"message-ttl": 60000}, "priority": 0}]
+    assert mb.get("/api/queues/ctl-pol/capped")["operator_policy"] == "op"
+
+    done = await ctl(mb, "set_policy", "-p", "ctl-pol", "bad", "^c", '{"max-length": -5}')
+    assert done.returncode == 65
+    assert done.stderr == ("hare-ctl: Validation failed\n\n-5 is not a valid maximum length\n"
+                           " (HTTP 400)\n")
+    done = await ctl(mb, "set_policy", "-p", "ctl-pol", "bad", "^c", "nojson")
+    assert done.returncode == 65 and done.stderr.startswith("hare-ctl: definition is not JSON")
+
+    assert (await ctl(mb, "clear_policy", "-p", "ctl-pol", "cap")).returncode == 0
+    await ch.basic_publish(b"3", routing_key="capped")
+    assert (await ch.queue_declare("capped", passive=True)).message_count == 2
+    done = await ctl(mb, "clear_policy", "-p", "ctl-pol", "cap")
+    assert done.returncode == 65
+    assert done.stderr == "hare-ctl: not found: policy 'cap' in vhost 'ctl-pol'\n"
+    assert (await ctl(mb, "clear_operator_policy", "-p", "ctl-pol", "op")).returncode == 0
+    assert mb.get("/api/operator-policies/ctl-pol") == []
+    await conn.close()
+    assert (await ctl(mb, "delete_vhost", "ctl-pol")).returncode == 0
+
+
+async def test_vhost_limit_verbs(mb: MgmtBroker) -> None:
+    assert (await ctl(mb, "add_vhost", "ctl-lim")).returncode == 0
+    done = await ctl(mb, "set_vhost_limits", "-p", "ctl-lim",
+                     '{"max-connections": 5, "max-queues": 1}')
+    assert done.returncode == 0, done.stderr
+    done = await ctl(mb, "list_vhost_limits", "-p", "ctl-lim")
+    assert done.stdout.splitlines() == ['Listing limits for vhost "ctl-lim" ...',
+                                        '{"max-connections":5,"max-queues":1}']
+    conn = await aiormq.connect(f"amqp://guest:guest@127.0.0.1:{mb.port}/ctl-lim")
+    ch = await conn.channel()
+    await ch.queue_declare("one")
+    with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed):
+        await ch.queue_declare("two")
+    # set_vhost_limits replaces the whole set, as rabbitmqctl's
+    assert (await ctl(mb, "set_vhost_limits", "-p", "ctl-lim", '{"max-queues": 2}')
+            ).returncode == 0
+    assert mb.get("/api/vhost-limits/ctl-lim") == [{"vhost": "ctl-lim",
+                                                    "value": {"max-queues": 2}}]
+    ch = await conn.channel()
+    await ch.queue_declare("two")
+    done = await ctl(mb, "set_vhost_limits", "-p", "ctl-lim", '{"bogus": 1}')
+    assert done.returncode == 65 and "Unrecognised terms" in done.stderr
+    assert (await ctl(mb, "clear_vhost_limits", "-p", "ctl-lim")).returncode == 0
+    assert mb.get("/api/vhost-limits/ctl-lim") == []
+    await ch.queue_declare("three")
+    await conn.close()
+    assert (await ctl(mb, "delete_vhost", "ctl-lim")).returncode == 0
+
+
+async def test_user_verbs(mb: MgmtBroker) -> None:
+    assert (await ctl(mb, "add_user", "erin", "old")).returncode == 0
+    done = await ctl(mb, "authenticate_user", "erin", "old")
+    assert (done.returncode, done.stdout) == (
+        0, 'Authenticating user "erin" ...\nSuccess\n')  # no tags: a login all the same
+    done = await ctl(mb, "change_password", "erin", "new")
+    assert (done.returncode, done.stdout) == (0, 'Changing password for user "erin" ...\n')
+    done = await ctl(mb, "authenticate_user", "erin", "old")
+    assert done.returncode == 65
+    assert done.stderr == ('hare-ctl: failed to authenticate user "erin"\n'
+                           "user 'erin' - invalid credentials\n")
+    assert (await ctl(mb, "authenticate_user", "erin", "new")).returncode == 0
+    done = await ctl(mb, "change_password", "nobody", "x")
+    assert (done.returncode, done.stderr) == (65, "hare-ctl: not found: user 'nobody'\n")
+    assert mb.api("GET", "/api/users/nobody")[0] == 404  # not created by the attempt
+
+    assert (await ctl(mb, "set_permissions", "erin", "^c", "^w", "^r")).returncode == 0
+    conn = await aiormq.connect(f"amqp://erin:new@127.0.0.1:{mb.port}/")  # the new password
+    await conn.close()
+    done = await ctl(mb, "list_user_permissions", "erin")
+    assert done.stdout.splitlines()[1:] == ["vhost  configure  write  read",
+                                            "/      ^c         ^w     ^r"]
+    done = await ctl(mb, "clear_permissions", "erin")
+    assert done.stdout == 'Clearing permissions for user "erin" in vhost "/" ...\n'
+    assert json.loads((await ctl(mb, "--json", "list_user_permissions", "erin")).stdout) == []
+    with pytest.raises(pika.exceptions.ProbableAccessDeniedError,
+                       match="access to vhost '/' refused for user 'erin'"):
+        await asyncio.to_thread(pika.BlockingConnection, pika.URLParameters(
+            f"amqp://erin:new@127.0.0.1:{mb.port}/"))
+    assert (await ctl(mb, "clear_permissions", "erin")).returncode == 0  # nothing to clear
+    done = await ctl(mb, "clear_permissions", "nobody")
+    assert (done.returncode, done.stderr) == (65, "hare-ctl: not found: user 'nobody'\n")
+    done = await ctl(mb, "clear_permissions", "-p", "no-vh", "erin")
+    assert (done.returncode, done.stderr) == (65, "hare-ctl: not found: vhost 'no-vh'\n")
+    assert (await ctl(mb, "delete_user", "erin")).returncode == 0
+
+
+async def test_ping_and_alarms(mb: MgmtBroker, tmp_path: Path) -> None:
+    done = await ctl(mb, "ping")
+    assert done.returncode == 0 and done.stdout.endswith("Ping succeeded\n")
+    node = mb.get("/api/overview")["node"]
+    done = await ctl(mb, "alarms")
+    assert done.stdout.splitlines() == [
+        f"Asking node {node} to report any known resource alarms ...",
+        f"Node {node} reported no alarms, local or clusterwide"]
+    url = f"http://127.0.0.1:{free_port()}"
+    assert (await asyncio.to_thread(run_ctl, "ping", url=url)).returncode == 69
+
+    alarmed = MgmtBroker(tmp_path / "alarmed", ["--disk-free-limit", str(10**18)]).start()
+    try:
+        await alarmed.until("/api/nodes", lambda ns: ns[0]["disk_free_alarm"])
+        done = await ctl(alarmed, "alarms")
+        assert done.returncode == 0
+        assert done.stdout.splitlines()[1:] == [f"Free disk space alarm on node {node}"]
+        assert json.loads((await ctl(alarmed, "--json", "alarms")).stdout) == [
+            {"resource": "disk space", "node": node}]
+    finally:
+        alarmed.stop()
