@@ -18,6 +18,7 @@ import structlog
 
 from broker.config import ConfigError, Settings, load_settings
 from broker.logs import configure_logging
+from broker.store.layout import LOCK_FILE
 
 __all__ = ["main", "run"]
 
@@ -65,7 +66,7 @@ def _check_data_dir(settings: Settings) -> str | None:
 def _lock_data_dir(settings: Settings) -> tuple[int, str | None]:
     """One broker per data directory: an flock held for the life of the process (released
     by the kernel even after kill -9, so a crash never leaves a stale lock)."""
-    path = settings.data_dir / "hare.lock"
+    path = settings.data_dir / LOCK_FILE
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:

@@ -278,13 +278,13 @@ def _import(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
 def _verify(_: Client | None, a: argparse.Namespace) -> tuple[Any, str]:
     """Check a stopped broker's message store files offline (broker.store.verify)."""
     try:
-        from broker.store import verify  # the store's own checker; imported only here
+        from broker.store import layout, verify  # the store's own checker; imported only here
     except ImportError:
         raise CtlError("verify is not available in this build", EX_SOFTWARE) from None
     root = Path(a.data_dir)
     if not root.is_dir():
         raise CtlError(f"{root} is not a directory", EX_DATAERR)
-    stores = [d for d in (root / "msg_store_persistent", root / "msg_store_transient")
+    stores = [d for d in (root / layout.MSG_STORE_PERSISTENT, root / layout.MSG_STORE_TRANSIENT)
               if d.is_dir()] or [root]
     reports = [verify(d) for d in stores]
     data: list[dict[str, Any]] = [{"directory": r.directory, "ok": r.ok, "segments": r.segments,

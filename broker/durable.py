@@ -8,7 +8,6 @@ start asks the queue indexes for reference counts), then each durable queue's co
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +20,7 @@ from broker.queue.durability import LazyIndex, QueueDurability, StoreLink, Store
 from broker.queue.priority_queue import PriorityQueue
 from broker.queue.variable_queue import VariableQueue
 from broker.routing.exchange import Exchange
+from broker.store import layout
 from broker.store.definitions import (
     BindingDef,
     Definitions,
@@ -46,20 +46,20 @@ class Durable:
         s = node.settings
         root = Path(s.data_dir)
         self.root = root
-        self.queues_root = root / "queues"
-        self.transient_root = root / "transient_queues"
+        self.queues_root = root / layout.QUEUES
+        self.transient_root = root / layout.TRANSIENT_QUEUES
         self._transient_ids = 0
-        self.definitions = Definitions(root / "definitions.sqlite")
+        self.definitions = Definitions(root / layout.DEFINITIONS)
         common: dict[str, Any] = {
             "file_size_limit": s.msg_store_file_size_limit,
             "gc_garbage_fraction": s.msg_store_gc_garbage_fraction,
             "gc_min_files": s.msg_store_gc_min_files,
         }
         self.persistent = MsgStore(
-            root / "msg_store_persistent", name="persistent", fsync=str(s.fsync), **common
+            root / layout.MSG_STORE_PERSISTENT, name="persistent", fsync=str(s.fsync), **common
         )
         self.transient = MsgStore(
-            root / "msg_store_transient", name="transient", transient=True, **common
+            root / layout.MSG_STORE_TRANSIENT, name="transient", transient=True, **common
         )
         self._restoring = False
         credit = (s.credit_flow_initial_credit, s.credit_flow_more_credit_after)
@@ -68,7 +68,7 @@ class Durable:
 
     # -- start and stop ---------------------------------------------------------------------
     async def start(self) -> None:
-
+        segment_entries = self.node.settings.queue_index_segment_entries
         self._restoring = True
         try:
             self._restore_access()
@@ -77,7 +77,9 @@ class Durable:
             keep = [self.queue_dir(qd.vhost, qd.name) for qd in self.definitions.queues()]
             remove_orphans(self.queues_root, keep)
             shutil.rmtree(self.transient_root, ignore_errors=True)  # pages of a past run
-            await self.persistent.start(refs=lambda: msg_refs(self.queues_root))
+            await self.persistent.start(
+                refs=lambda: msg_refs(self.queues_root, segment_entries)
+            )
             await self.transient.start()
             self._restore_topology()
         finally:
@@ -171,8 +173,7 @@ class Durable:
 
     # -- queues -----------------------------------------------------------------------------
     def queue_dir(self, vhost: str, name: str) -> Path:
-        digest = hashlib.sha256(f"{vhost}\0{name}".encode()).hexdigest()[:32]
-        return self.queues_root / digest
+        return self.queues_root / layout.queue_dir_name(vhost, name)
 
     def attach(self, q: AMQQueue) -> None:
         """Give a queue its variable queue and disk side. Durable queues keep their index

@@ -39,7 +39,16 @@ from broker.store.segment import (
     segment_name,
 )
 
-__all__ = ["CompactionPlan", "apply", "compaction_path", "pick_pair", "prepare", "tidy_up"]
+__all__ = [
+    "CompactionCopy",
+    "CompactionPlan",
+    "apply",
+    "compaction_path",
+    "pick_pair",
+    "prepare",
+    "read_compaction",
+    "tidy_up",
+]
 
 _CMP_MAGIC = b"HCMP"
 _CMP_EXTRA = struct.Struct(">QQ")  # right file, prefix end
@@ -187,31 +196,52 @@ def _rewrite_left(path: Path, prefix_end: int, body: bytes, writer: FileWriter) 
         os.close(fd)
 
 
+@dataclass(slots=True)
+class CompactionCopy:
+    """A .hcmp file as found: which compaction it belongs to and whether it is complete."""
+
+    left: int
+    right: int
+    prefix_end: int
+    body: bytes  # the records to place at prefix_end in the left file
+    complete: bool  # the commit record is last and its counts match
+
+    body_offset = _CMP_HEADER_SIZE  # where `body` starts in the .hcmp file
+
+
+def read_compaction(path: Path) -> CompactionCopy | None:
+    """Parse a compaction copy (read only); None if it is not one (wrong magic, too short)."""
+    data = path.read_bytes()
+    try:
+        _, left = parse_file_header(data, magic=_CMP_MAGIC)
+        right, prefix_end = _CMP_EXTRA.unpack_from(data, FILE_HEADER_SIZE)
+    except (BadHeader, struct.error):
+        return None
+    scan = scan_records(data, _CMP_HEADER_SIZE)
+    body_end = scan.commits[-1][0] if scan.commits else -1
+    complete = (
+        len(scan.commits) == 1
+        and len(scan.commits[0][1]) == _COMMIT.size
+        and not scan.corrupt
+        and scan.good_end == len(data)
+        and _COMMIT.unpack(scan.commits[0][1]) == (len(scan.records), body_end - _CMP_HEADER_SIZE)
+    )
+    body = data[_CMP_HEADER_SIZE:body_end] if complete else b""
+    return CompactionCopy(left, right, prefix_end, body, complete)
+
+
 def tidy_up(directory: Path, writer: FileWriter) -> list[tuple[str, str]]:
     """Finish or discard compactions a crash interrupted. Returns (file, action) pairs, action
     being "redone" (complete copy: step 2 repeated) or "discarded" (incomplete copy deleted)."""
     done: list[tuple[str, str]] = []
     for path in sorted(directory.glob(f"*{COMPACT_SUFFIX}")):
-        data = path.read_bytes()
+        copy = read_compaction(path)
         action = "discarded"
-        try:
-            _, left = parse_file_header(data, magic=_CMP_MAGIC)
-            _, prefix_end = _CMP_EXTRA.unpack_from(data, FILE_HEADER_SIZE)
-            scan = scan_records(data, _CMP_HEADER_SIZE)
-            body_end = scan.commits[-1][0] if scan.commits else -1
-            complete = (
-                len(scan.commits) == 1
-                and not scan.corrupt
-                and scan.good_end == len(data)
-                and _COMMIT.unpack(scan.commits[0][1]) == (len(scan.records),
-                                                           body_end - _CMP_HEADER_SIZE)
-            )
-            left_path = directory / segment_name(left)
-            if complete and left_path.exists():
-                _rewrite_left(left_path, prefix_end, data[_CMP_HEADER_SIZE:body_end], writer)
+        if copy is not None and copy.complete:
+            left_path = directory / segment_name(copy.left)
+            if left_path.exists():
+                _rewrite_left(left_path, copy.prefix_end, copy.body, writer)
                 action = "redone"
-        except (BadHeader, struct.error):
-            pass
         path.unlink()
         done.append((path.name, action))
     if done:

@@ -26,6 +26,7 @@ import contextlib
 import datetime as dt
 import json
 import pathlib
+import shutil
 import sqlite3
 import threading
 from collections.abc import Iterator, Mapping
@@ -247,6 +248,22 @@ class Definitions:
                 if statement.strip():
                     db.execute(statement)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    @classmethod
+    def copy_of(cls, path: pathlib.Path, into: pathlib.Path) -> Definitions:
+        """The database at `path` opened from a copy made in directory `into`, so that reading
+        a stopped broker's (or a running one's) database writes nothing beside it: SQLite would
+        create or update the -shm file, and replay the WAL into it, even when opened read-only.
+        The WAL is copied too: after a crash the last commits may be only there."""
+        path = pathlib.Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such database")
+        target = pathlib.Path(into) / path.name
+        shutil.copyfile(path, target)
+        wal = path.with_name(path.name + "-wal")
+        with contextlib.suppress(FileNotFoundError):
+            shutil.copyfile(wal, target.with_name(target.name + "-wal"))
+        return cls(target)
 
     def close(self) -> None:
         with self._lock:

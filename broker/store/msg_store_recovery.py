@@ -11,24 +11,23 @@ from pathlib import Path
 from typing import Any
 
 from broker.store.compaction import tidy_up
-from broker.store.msg_store_index import (
-    FileSummary,
-    MsgLocation,
-    SnapshotError,
-    link_neighbours,
-    read_snapshot,
+from broker.store.msg_store_files import (
+    CLEAN_MARKER,
+    SNAPSHOT,
+    TORN_CREATION,
+    StaleSnapshot,
+    locate,
+    read_clean_snapshot,
+    read_segment,
+    segment_numbers,
 )
+from broker.store.msg_store_index import FileSummary, MsgLocation, SnapshotError
 from broker.store.segment import (
     COMPACT_SUFFIX,
-    FILE_HEADER_SIZE,
     SEGMENT_SUFFIX,
-    BadHeader,
     FileWriter,
-    encode_file_header,
     fsync_dir,
-    parse_file_header,
-    scan_records,
-    segment_number,
+    segment_name,
 )
 
 __all__ = [
@@ -37,14 +36,11 @@ __all__ = [
     "SNAPSHOT",
     "Recovered",
     "RecoveryReport",
-    "is_torn_creation",
     "quarantine",
     "recover",
     "wipe",
 ]
 
-CLEAN_MARKER = "clean.marker"
-SNAPSHOT = "msg_store.snapshot"
 QUARANTINE_DIR = "quarantine"
 
 
@@ -102,51 +98,24 @@ def quarantine(directory: Path, path: Path) -> str:
 
 def recover(directory: Path, writer: FileWriter, log: Any) -> Recovered:
     """Clean start if the marker, the snapshot and the files agree; else a dirty start."""
-    marker, snapshot = directory / CLEAN_MARKER, directory / SNAPSHOT
-    numbers = _numbers(directory)
+    marker = directory / CLEAN_MARKER
+    numbers = segment_numbers(directory)
     was_clean = marker.exists()
     if was_clean:
         marker.unlink()  # from now on a crash means a dirty start
         fsync_dir(directory)
     if was_clean and not any(directory.glob(f"*{COMPACT_SUFFIX}")):
         try:
-            index, summary = read_snapshot(snapshot)
-            if _sizes_match(directory, summary, numbers):
-                snapshot.unlink()
-                report = RecoveryReport(clean=True, messages=len(index), files=len(summary))
-                return Recovered(index, summary, report, max(numbers, default=0) + 1)
-            log.warning("snapshot_mismatch", reason="segment files differ from the snapshot")
+            index, summary = read_clean_snapshot(directory, numbers)
+            (directory / SNAPSHOT).unlink()
+            report = RecoveryReport(clean=True, messages=len(index), files=len(summary))
+            return Recovered(index, summary, report, max(numbers, default=0) + 1)
+        except StaleSnapshot as e:
+            log.warning("snapshot_mismatch", reason=str(e))
         except (OSError, SnapshotError) as e:
             log.warning("snapshot_unusable", error=str(e))
-    snapshot.unlink(missing_ok=True)
+    (directory / SNAPSHOT).unlink(missing_ok=True)
     return _scan_all(directory, writer, log, numbers)
-
-
-def _numbers(directory: Path) -> list[int]:
-    found = []
-    for path in directory.iterdir():
-        n = segment_number(path)
-        if n is not None and path.suffix == SEGMENT_SUFFIX:
-            found.append(n)
-    return sorted(found)
-
-
-def _sizes_match(directory: Path, summary: dict[int, FileSummary], numbers: list[int]) -> bool:
-    if sorted(summary) != numbers:
-        return False
-    for number, s in summary.items():
-        path = directory / f"{number:08d}{SEGMENT_SUFFIX}"
-        if not path.is_file() or path.stat().st_size != s.file_size:
-            return False
-    return True
-
-
-def is_torn_creation(data: bytes, number: int) -> bool:
-    """A file cut short while its header was being written (empty, a prefix of the header,
-    or zeros): not damage, just a roll the crash interrupted."""
-    if len(data) >= FILE_HEADER_SIZE:  # a whole header is an empty segment, not a torn one
-        return False
-    return encode_file_header(number).startswith(data) or not any(data)
 
 
 def _scan_all(directory: Path, writer: FileWriter, log: Any, numbers: list[int]) -> Recovered:
@@ -154,26 +123,20 @@ def _scan_all(directory: Path, writer: FileWriter, log: Any, numbers: list[int])
     report.compactions = tidy_up(directory, writer)
     for name, action in report.compactions:
         log.warning("compaction_tidied", file=name, action=action)
-    index: dict[int, MsgLocation] = {}
-    summary: dict[int, FileSummary] = {}
+    files = []
     for number in numbers:
-        path = directory / f"{number:08d}{SEGMENT_SUFFIX}"
-        try:
-            data = path.read_bytes()
-            if is_torn_creation(data, number):  # crashed while rolling to this new file
-                report.torn_bytes += len(data)
-                log.warning("torn_file_dropped", file=path.name, bytes=len(data))
-                path.unlink()
-                continue
-            _, header_number = parse_file_header(data)
-            if header_number != number:
-                raise BadHeader(f"header names file {header_number}")
-        except (OSError, BadHeader) as e:
+        seg = read_segment(directory / segment_name(number), number)
+        path, scan = seg.path, seg.scan
+        if seg.fault == TORN_CREATION:  # crashed while rolling to this new file
+            report.torn_bytes += seg.size
+            log.warning("torn_file_dropped", file=path.name, bytes=seg.size)
+            path.unlink()
+            continue
+        if scan is None:
             moved = quarantine(directory, path)
             report.quarantined.append(moved)
-            log.error("segment_quarantined", file=path.name, error=str(e))
+            log.error("segment_quarantined", file=path.name, error=f"{seg.fault}: {seg.detail}")
             continue
-        scan = scan_records(data)
         if scan.corrupt:
             report.corrupt_records += len(scan.corrupt)
             log.error("corrupt_records", file=path.name, ranges=scan.corrupt[:10])
@@ -184,14 +147,7 @@ def _scan_all(directory: Path, writer: FileWriter, log: Any, numbers: list[int])
             with open(path, "r+b") as f:
                 f.truncate(scan.good_end)
                 os.fsync(f.fileno())
-        valid = 0
-        for msg_id, offset, size in scan.records:
-            if msg_id in index:
-                report.duplicates += 1
-                continue
-            index[msg_id] = MsgLocation(1, number, offset, size)
-            valid += size
-        summary[number] = FileSummary(valid, scan.good_end)
-    link_neighbours(summary)
+        files.append(seg)
+    index, summary, report.duplicates = locate(files)
     report.messages, report.files = len(index), len(summary)
     return Recovered(index, summary, report, max(numbers, default=0) + 1)

@@ -21,7 +21,7 @@ import struct
 import time
 import zlib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import structlog
@@ -40,14 +40,21 @@ from broker.store.queue_index_format import (
 )
 
 __all__ = [
+    "BAD_HEADER",
     "CLEAN_MARKER",
     "QUARANTINE_DIR",
+    "TORN_HEADER",
+    "UNREADABLE",
+    "IndexSegmentFile",
     "RecoveryStats",
     "append",
     "existing_segment_entries",
     "fsync_dir",
+    "index_dirs",
     "msg_refs",
     "quarantine",
+    "read_index_segment",
+    "read_queue_index",
     "recover_file",
     "remove_orphans",
     "rewrite_segment",
@@ -59,6 +66,7 @@ __all__ = [
 
 log = structlog.get_logger("broker.store.queue_index")
 
+DEFAULT_SEGMENT_ENTRIES = 16384  # the setting's default (queue_index_segment_entries)
 CLEAN_MARKER = "clean.dot"  # RabbitMQ's name for the same thing
 QUARANTINE_DIR = "quarantine"
 _CLEAN = struct.Struct(">4sQI")  # magic, next seq_id, crc32 of the two
@@ -74,31 +82,70 @@ class RecoveryStats:
     quarantined_segments: int = 0  # files moved (or copied) into quarantine/
 
 
-def recover_file(
-    path: pathlib.Path, number: int, segment_entries: int, stats: RecoveryStats
-) -> SegmentScan | None:
-    """Scan one segment file and repair it on disk (see the module docstring); None when
-    nothing of it is usable."""
+@dataclass(slots=True)
+class IndexSegmentFile:
+    """What one segment file holds. `scan` is None when nothing in it is usable; `fault` and
+    `detail` then say why."""
+
+    number: int
+    path: pathlib.Path
+    size: int = 0
+    scan: SegmentScan | None = None
+    fault: str = ""  # TORN_HEADER | UNREADABLE | BAD_HEADER
+    detail: str = ""
+
+
+# why nothing of a segment file is usable (IndexSegmentFile.fault)
+TORN_HEADER = "torn header"  # shorter than its header: torn while being created
+UNREADABLE = "unreadable"  # the read failed (EIO, permissions)
+BAD_HEADER = "bad header"  # not ours, or the header of another segment or segment size
+
+
+def read_index_segment(
+    path: pathlib.Path, number: int, segment_entries: int
+) -> IndexSegmentFile:
+    """Read and replay one segment file, changing nothing. Shared by recovery (which then
+    repairs), `msg_refs` and the offline reader."""
+    seg = IndexSegmentFile(number, path)
     try:
         data = path.read_bytes()
-    except OSError as e:  # EIO and the like: keep the queue, lose this segment
-        log.error("queue_index.segment_unreadable", path=str(path), error=str(e))
-        with contextlib.suppress(OSError):
-            quarantine(path, stats, keep=False)
-        return None
+    except OSError as e:
+        seg.fault, seg.detail = UNREADABLE, e.strerror or str(e)
+        return seg
+    seg.size = len(data)
     if len(data) < FILE_HEADER_SIZE and SEGMENT_MAGIC.startswith(data[:4]):
-        # Torn while being created: the header itself never made it to disk.
-        log.warning("queue_index.torn_header_dropped", path=str(path), size=len(data))
-        stats.torn_records += 1
-        path.unlink()
-        return None
+        seg.fault, seg.detail = TORN_HEADER, f"{len(data)} bytes"
+        return seg
     try:
         scan = scan_segment(data)
         if scan.number != number or scan.segment_entries != segment_entries:
             raise BadHeader(f"header says segment {scan.number} of {scan.segment_entries} entries")
     except BadHeader as e:
-        log.error("queue_index.segment_unreadable", path=str(path), error=str(e))
-        quarantine(path, stats, keep=False)
+        seg.fault, seg.detail = BAD_HEADER, str(e)
+        return seg
+    seg.scan = scan
+    return seg
+
+
+def recover_file(
+    path: pathlib.Path, number: int, segment_entries: int, stats: RecoveryStats
+) -> SegmentScan | None:
+    """Scan one segment file and repair it on disk (see the module docstring); None when
+    nothing of it is usable."""
+    seg = read_index_segment(path, number, segment_entries)
+    scan = seg.scan
+    if seg.fault == TORN_HEADER:  # the header itself never made it to disk
+        log.warning("queue_index.torn_header_dropped", path=str(path), size=seg.size)
+        stats.torn_records += 1
+        path.unlink()
+        return None
+    if scan is None:  # EIO, or not ours: keep the queue, lose this segment
+        log.error("queue_index.segment_unreadable", path=str(path), error=seg.detail)
+        if seg.fault == UNREADABLE:
+            with contextlib.suppress(OSError):
+                quarantine(path, stats, keep=False)
+        else:
+            quarantine(path, stats, keep=False)
         return None
     if scan.corrupt:
         stats.corrupt_records += len(scan.corrupt)
@@ -161,21 +208,39 @@ def quarantine(path: pathlib.Path, stats: RecoveryStats, *, keep: bool) -> None:
     log.error("queue_index.segment_quarantined", path=str(path), moved_to=str(dest))
 
 
-def msg_refs(root: pathlib.Path) -> dict[int, int]:
+def read_queue_index(
+    directory: pathlib.Path, segment_entries: int | None = None
+) -> Iterator[IndexSegmentFile]:
+    """Every segment file of one queue index directory, ascending, read as recovery reads them
+    (same segment size rule, same header checks), changing nothing."""
+    entries = existing_segment_entries(directory, segment_entries)
+    for number, path in segment_files(directory):
+        yield read_index_segment(path, number, entries)
+
+
+def index_dirs(root: pathlib.Path) -> list[pathlib.Path]:
+    """The queue index directories under `root` (those holding a segment file), sorted."""
+    root = pathlib.Path(root)
+    found = {
+        path.parent
+        for path in root.rglob("*" + SEGMENT_SUFFIX)
+        if QUARANTINE_DIR not in path.relative_to(root).parts
+    }
+    return sorted(found)
+
+
+def msg_refs(root: pathlib.Path, segment_entries: int | None = None) -> dict[int, int]:
     """How many un-acked, non-embedded index entries reference each msg_id, over every queue
-    index directory under `root` (read only; damaged records are skipped as recovery would).
-    The message store rebuilds its reference counts from this after a dirty stop."""
+    index directory under `root` (read only; damaged records and files are skipped as recovery
+    would). The message store rebuilds its reference counts from this after a dirty stop."""
     counts: dict[int, int] = {}
-    for path in sorted(pathlib.Path(root).rglob("*" + SEGMENT_SUFFIX)):
-        if QUARANTINE_DIR in path.relative_to(root).parts:
-            continue
-        try:
-            scan = scan_segment(path.read_bytes())
-        except (BadHeader, OSError):
-            continue
-        for msg_id, payload in scan.entries.values():
-            if payload is None:
-                counts[msg_id] = counts.get(msg_id, 0) + 1
+    for directory in index_dirs(root):
+        for seg in read_queue_index(directory, segment_entries):
+            if seg.scan is None:
+                continue
+            for msg_id, payload in seg.scan.entries.values():
+                if payload is None:
+                    counts[msg_id] = counts.get(msg_id, 0) + 1
     return counts
 
 
@@ -212,10 +277,11 @@ def segment_files(directory: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
     return found
 
 
-def existing_segment_entries(directory: pathlib.Path, configured: int) -> int:
+def existing_segment_entries(directory: pathlib.Path, configured: int | None) -> int:
     """The segment size the files on disk were written with (seq ids must keep their files):
     `configured` if any readable header agrees with it, else the size most headers agree on,
-    so one damaged header cannot re-map every other segment."""
+    so one damaged header cannot re-map every other segment. Without `configured` (an offline
+    reader does not know the setting) the size most headers agree on."""
     seen: Counter[int] = Counter()
     for _, path in segment_files(directory):
         try:
@@ -223,9 +289,9 @@ def existing_segment_entries(directory: pathlib.Path, configured: int) -> int:
                 seen[parse_header(f.read(FILE_HEADER_SIZE))[1]] += 1
         except (BadHeader, OSError):
             continue  # recovery quarantines it
-    if not seen or configured in seen:
+    if configured is not None and (not seen or configured in seen):
         return configured
-    return seen.most_common(1)[0][0]
+    return seen.most_common(1)[0][0] if seen else DEFAULT_SEGMENT_ENTRIES
 
 
 def take_clean_marker(directory: pathlib.Path) -> tuple[bool, int]:

@@ -3,25 +3,24 @@ repairs (the next start does that)."""
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.store.msg_store_index import SnapshotError, read_snapshot
-from broker.store.msg_store_recovery import (
+from broker.store.msg_store_files import (
+    BAD_HEADER,
     CLEAN_MARKER,
-    QUARANTINE_DIR,
     SNAPSHOT,
-    is_torn_creation,
+    TORN_CREATION,
+    UNREADABLE,
+    StaleSnapshot,
+    locate,
+    read_clean_snapshot,
+    read_segment,
+    segment_numbers,
 )
-from broker.store.segment import (
-    COMPACT_SUFFIX,
-    SEGMENT_SUFFIX,
-    BadHeader,
-    parse_file_header,
-    scan_records,
-    segment_number,
-)
+from broker.store.msg_store_index import SnapshotError
+from broker.store.msg_store_recovery import QUARANTINE_DIR
+from broker.store.segment import COMPACT_SUFFIX, segment_name
 
 __all__ = ["VerifyReport", "verify"]
 
@@ -70,46 +69,35 @@ def verify(directory: Path) -> VerifyReport:
     """Check every segment's header and records, leftover compaction files and the snapshot."""
     directory = Path(directory)
     report = VerifyReport(str(directory))
-    seen: set[int] = set()
-    sizes: dict[int, int] = {}
-    for path in sorted(directory.glob(f"*{SEGMENT_SUFFIX}")):
-        number = segment_number(path)
-        if number is None:
-            continue
+    numbers = segment_numbers(directory)
+    files = []
+    for number in numbers:
+        seg = read_segment(directory / segment_name(number), number)
+        name, scan = seg.path.name, seg.scan
         report.segments += 1
-        try:
-            data = path.read_bytes()
-        except OSError:
-            report.unreadable.append(path.name)
+        if seg.fault == UNREADABLE:
+            report.unreadable.append(name)
+        elif seg.fault == TORN_CREATION:
+            report.torn_tails.append((name, 0, seg.size))
+        elif seg.fault == BAD_HEADER:
+            report.bad_headers.append(name)
+        if scan is None:
             continue
-        if is_torn_creation(data, number):
-            report.torn_tails.append((path.name, 0, len(data)))
-            continue
-        try:
-            _, header_number = parse_file_header(data)
-            if header_number != number:
-                raise BadHeader("number mismatch")
-        except (BadHeader, struct.error):
-            report.bad_headers.append(path.name)
-            continue
-        sizes[number] = len(data)
-        report.bytes += len(data)
-        scan = scan_records(data)
+        report.bytes += seg.size
         if scan.torn_bytes:
-            report.torn_tails.append((path.name, scan.good_end, scan.torn_bytes))
-        report.corrupt_records += [(path.name, off, n) for off, n in scan.corrupt]
-        for msg_id, _, _ in scan.records:
-            if msg_id in seen:
-                report.duplicates += 1
-            seen.add(msg_id)
-    report.messages = len(seen)
+            report.torn_tails.append((name, scan.good_end, scan.torn_bytes))
+        report.corrupt_records += [(name, off, n) for off, n in scan.corrupt]
+        files.append(seg)
+    index, _, report.duplicates = locate(files)
+    report.messages = len(index)
     report.interrupted_compactions = sorted(p.name for p in directory.glob(f"*{COMPACT_SUFFIX}"))
     report.clean_shutdown = (directory / CLEAN_MARKER).exists()
     if (directory / SNAPSHOT).exists():
         try:
-            _, summary = read_snapshot(directory / SNAPSHOT)
-            fresh = {n: s.file_size for n, s in summary.items()} == sizes
-            report.snapshot = "valid" if fresh else "stale"
+            read_clean_snapshot(directory, numbers)
+            report.snapshot = "valid"
+        except StaleSnapshot:
+            report.snapshot = "stale"
         except (OSError, SnapshotError):
             report.snapshot = "invalid"
     qdir = directory / QUARANTINE_DIR

@@ -402,3 +402,20 @@ def test_any_arguments_survive_the_database(
     db.delete_binding(BindingDef("/", "x", "q", "queue", "", dict(reversed(bargs.items()))))
     assert db.bindings() == []
     db.close()
+
+
+def test_copy_of_reads_commits_still_in_the_wal_and_writes_nothing_beside(
+    db: Definitions, tmp_path: Path
+) -> None:
+    db.put_queue(QueueDef("/", "jobs"))  # the connection stays open, as in a crash
+    d = db.path.parent
+    assert (d / (db.path.name + "-wal")).stat().st_size > 0
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    into = tmp_path / "copy"
+    into.mkdir()
+    copy = Definitions.copy_of(db.path, into)
+    assert copy.queues() == [QueueDef("/", "jobs")]
+    copy.close()
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+    with pytest.raises(FileNotFoundError):
+        Definitions.copy_of(tmp_path / "none.sqlite", into)

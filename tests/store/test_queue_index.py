@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 
 from broker.message import Message
 from broker.store.queue_index import IndexEntry, QueueIndex, msg_refs, remove_orphans
+from broker.store.queue_index_files import read_queue_index
 from broker.store.queue_index_format import (
     FILE_HEADER_SIZE,
     REC_ACK,
@@ -399,6 +400,41 @@ def test_msg_refs_counts_unacked_store_references(tmp_path: Path) -> None:
     b.flush()
     b.publish(2, 105, None)  # journal only: lost in a crash, so not counted
     assert msg_refs(root) == {100: 2, 101: 1, 103: 1, 104: 1}
+
+
+def test_msg_refs_skips_what_recovery_quarantines(tmp_path: Path) -> None:
+    d = tmp_path / "queues" / "q"
+    qi = QueueIndex(d, segment_entries=4)
+    qi.recover()
+    for seq in range(6):
+        qi.publish(seq, mid(seq), None)
+    qi.close()
+    os.rename(d / segment_file_name(1), d / segment_file_name(2))  # names another segment
+    assert msg_refs(tmp_path / "queues", 4) == {mid(s): 1 for s in range(4)}
+    assert [e.seq_id for e in QueueIndex(d, segment_entries=4).recover()] == [0, 1, 2, 3]
+
+
+def test_read_queue_index_changes_nothing_and_names_the_damage(tmp_path: Path) -> None:
+    d = tmp_path / "q"
+    qi = QueueIndex(d, segment_entries=4)
+    qi.recover()
+    for seq in range(10):
+        qi.publish(seq, mid(seq), payload(seq) if seq % 2 else None)
+    qi.deliver([1, 6])
+    qi.ack([2])
+    qi.close()
+    (d / segment_file_name(1)).write_bytes(b"JUNK" + bytes(30))
+    last = d / segment_file_name(2)
+    os.truncate(last, last.stat().st_size - 3)  # seq 9's record torn
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    segs = list(read_queue_index(d))  # the segment size comes from the headers
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+    assert [(s.number, s.fault) for s in segs] == [(0, ""), (1, "bad header"), (2, "")]
+    first, _, last_seg = (s.scan for s in segs)
+    assert first is not None and last_seg is not None
+    assert sorted(first.entries) == [0, 1, 3] and first.delivered == {1}
+    assert first.entries[1] == (mid(1), payload(1)) and first.entries[0] == (mid(0), None)
+    assert sorted(last_seg.entries) == [0] and last_seg.torn_bytes > 0
 
 
 def test_delete_removes_the_directory(tmp_path: Path) -> None:

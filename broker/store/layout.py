@@ -1,0 +1,51 @@
+"""What a node keeps where in its data directory: the names, in one place, for the broker
+(durable.py, cli.py), `hare-ctl verify` and the offline reader (broker.spark)."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+from pathlib import Path
+
+__all__ = [
+    "DEFINITIONS",
+    "LOCK_FILE",
+    "MSG_STORE_PERSISTENT",
+    "MSG_STORE_TRANSIENT",
+    "QUEUES",
+    "TRANSIENT_QUEUES",
+    "lock_holder",
+    "queue_dir_name",
+]
+
+LOCK_FILE = "hare.lock"  # flock held by the running broker (cli.py)
+DEFINITIONS = "definitions.sqlite"  # durable topology, users, permissions (SQLite, WAL)
+QUEUES = "queues"  # queues/<queue_dir_name>/: the index of each durable queue
+TRANSIENT_QUEUES = "transient_queues"  # page-outs of non-durable queues: wiped at every start
+MSG_STORE_PERSISTENT = "msg_store_persistent"  # bodies of persistent messages, durable queues
+MSG_STORE_TRANSIENT = "msg_store_transient"  # paged-out bodies: wiped at every start
+
+
+def queue_dir_name(vhost: str, name: str) -> str:
+    """The directory name of a durable queue's index: a hash, so any queue name is a safe file
+    name. The definitions database maps it back (hash every queue it names)."""
+    return hashlib.sha256(f"{vhost}\0{name}".encode()).hexdigest()[:32]
+
+
+def lock_holder(data_dir: Path) -> str | None:
+    """The pid written in the lock file if a broker holds the directory's lock, else None.
+    Probes with a shared flock on a read-only descriptor: creates and writes nothing."""
+    try:
+        fd = os.open(Path(data_dir) / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
