@@ -12,4 +12,5 @@ bench_routing.py   topic-routing micro-benchmark (10 vs 10,000 bindings)
 bench_queue.py     the queue's enqueue/deliver/ack cost, plain and per delivery feature
 bench_store.py     msg_store write/read/remove micro-benchmark
 bench_recovery.py  start-up time and peak RSS after kill -9 with N persistent messages
+bench_store_reader.py  rows/s of spark.read.format("hare-store") over a stopped broker's directory
 """

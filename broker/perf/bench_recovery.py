@@ -24,8 +24,10 @@ from pamqp import commands
 from broker.perf.client import connect
 from broker.perf.wire import PublishBatch, parse_url
 
+__all__ = ["fill_queue", "start_broker"]
 
-def _start(data: Path) -> tuple[subprocess.Popen[str], int, float]:
+
+def start_broker(data: Path) -> tuple[subprocess.Popen[str], int, float]:
     t0 = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "broker", "--port", "0", "--data-dir", str(data),
@@ -47,18 +49,19 @@ def _hwm_mb(pid: int) -> float:
     return 0.0
 
 
-async def _fill(port: int, count: int, size: int) -> None:
+async def fill_queue(port: int, count: int, size: int,
+                     queue: str = "recovery-q") -> None:
     client = await connect(parse_url(f"amqp://guest:guest@127.0.0.1:{port}/"))
     await client.open_channel(1)
-    await client.rpc(1, commands.Queue.Declare(queue="recovery-q", durable=True))
-    batch = PublishBatch(1, "", ["recovery-q"], size, True, client.frame_max)
+    await client.rpc(1, commands.Queue.Declare(queue=queue, durable=True))
+    batch = PublishBatch(1, "", [queue], size, True, client.frame_max)
     sent = 0
     while sent < count:
         n = min(batch.size, count - sent)
         client.write(batch.stamp(n, 0))
         sent += n
         await client.drain()
-    ok = await client.rpc(1, commands.Queue.Declare(queue="recovery-q", passive=True), 600)
+    ok = await client.rpc(1, commands.Queue.Declare(queue=queue, passive=True), 600)
     assert ok.message_count == count, ok.message_count
     await client.close()
 
@@ -78,19 +81,19 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
-        proc, port, _ = _start(data)
+        proc, port, _ = start_broker(data)
         t0 = time.monotonic()
-        asyncio.run(_fill(port, args.count, args.size))
+        asyncio.run(fill_queue(port, args.count, args.size))
         fill_s = time.monotonic() - t0
         time.sleep(2)  # let the last index batch reach the disk
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        proc, port, start_s = _start(data)
+        proc, port, start_s = start_broker(data)
         depth = asyncio.run(_depth(port))
         hwm = _hwm_mb(proc.pid)
         proc.send_signal(signal.SIGTERM)
         proc.wait()
-        proc, port, clean_s = _start(data)
+        proc, port, clean_s = start_broker(data)
         proc.send_signal(signal.SIGTERM)
         proc.wait()
     print(f"messages {args.count:,} x {args.size} B persistent, filled in {fill_s:.1f} s")

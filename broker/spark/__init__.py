@@ -15,7 +15,10 @@ __all__ = ["register"]
 
 
 def register(spark: SparkSession) -> None:
-    """Register Hare's data sources with `spark`: "amqp" (stream source, sink)."""
+    """Register Hare's data sources with `spark`: "amqp" (stream source, sink) and
+    "hare-store" (a stopped broker's data directory, read offline)."""
     from broker.spark.amqp import AmqpDataSource
+    from broker.spark.store_source import HareStoreDataSource
 
     spark.dataSource.register(AmqpDataSource)
+    spark.dataSource.register(HareStoreDataSource)

@@ -1,0 +1,353 @@
+"""The "hare-store" data source: a stopped (or copied) Hare data directory read offline, one row
+per message a durable queue still holds, exactly what the broker would serve after a restart.
+
+    spark.read.format("hare-store").load("/var/lib/hare")
+
+Planning (driver) refuses a directory whose lock a running broker holds (unless
+``allowLive=true``), maps ``queues/<hash>/`` back to vhost and queue through a copy of the
+definitions database, reads the persistent message store's locations (`read_store`: the
+snapshot after a clean stop, else a scan) and makes one partition per queue index segment,
+carrying where the store bodies of that segment's entries are. Reading (executors) replays the
+segment and yields Arrow batches: embedded bodies come from the index record, the others from
+one pread of their store record, each checked against its CRC. All parsing is broker.store's
+(one parser per format); nothing here writes to the directory. Damage is a row whose
+`_damaged` column says what and where (file, offset), Spark's `_corrupt_record` convention,
+and a warning in the executor's log. See docs/SPARK.md."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from broker.message import Message
+from broker.spark.columns import header_strings
+from broker.store import layout
+from broker.store.definitions import Definitions, DefinitionsCorrupt
+from broker.store.msg_store_files import Damage, StoreView, read_store
+from broker.store.queue_index_files import (
+    existing_segment_entries,
+    index_dirs,
+    read_index_segment,
+    segment_files,
+)
+from broker.store.segment import CorruptRecord, decode_record
+
+__all__ = ["STORE_SCHEMA", "HareStoreDataSource", "HareStoreError"]
+
+log = logging.getLogger("hare.spark.store")
+
+_S, _L = StringType(), LongType()
+STORE_SCHEMA = StructType([
+    StructField("vhost", _S), StructField("queue", _S), StructField("seq_id", _L),
+    StructField("msg_id", _S),  # 128 bits as 32 hex digits
+    StructField("persistent", BooleanType()), StructField("redelivered", BooleanType()),
+    StructField("exchange", _S), StructField("routing_key", _S),
+    StructField("content_type", _S), StructField("content_encoding", _S),
+    StructField("headers", MapType(_S, _S, True)),
+    StructField("delivery_mode", IntegerType()), StructField("priority", IntegerType()),
+    StructField("correlation_id", _S), StructField("reply_to", _S),
+    StructField("expiration", _S), StructField("message_id", _S),
+    StructField("timestamp", TimestampType()), StructField("type", _S),
+    StructField("user_id", _S), StructField("app_id", _S),
+    StructField("body", BinaryType()), StructField("size", _L),
+    StructField("file", _S),  # where the body is: a store segment, or the index segment
+    StructField("offset", _L),
+    StructField("_damaged", _S),  # null on message rows; what is wrong on damage rows
+])
+_ARROW = to_arrow_schema(STORE_SCHEMA, timezone="UTC")
+_NAMES = STORE_SCHEMA.fieldNames()
+_PROPS = ("content_type", "content_encoding", "headers", "delivery_mode", "priority",
+          "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
+          "message_type", "user_id", "app_id")  # pamqp's names, in column order
+_BATCH_ROWS = 4096
+_BATCH_BYTES = 32 << 20  # bodies per Arrow batch: a batch of 10 MB messages stays bounded
+_OPTIONS = {"path", "allowlive"}
+
+
+class HareStoreError(ValueError):
+    """The directory cannot be read as asked (live broker, not a Hare directory, bad option)."""
+
+
+class HareStoreDataSource(DataSource):
+    """spark.read.format("hare-store").option("allowLive", "false").load(DATA_DIR)"""
+
+    @classmethod
+    def name(cls) -> str:
+        return "hare-store"
+
+    def schema(self) -> StructType:
+        return STORE_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _StoreReader(self.options)
+
+
+class _StoreReader(DataSourceReader):
+    def __init__(self, options: Mapping[str, str]) -> None:
+        unknown = sorted(k for k in options if k.lower() not in _OPTIONS)
+        if unknown:
+            raise HareStoreError(f"hare-store: unknown option(s) {', '.join(unknown)} "
+                                 "(known: path, allowLive)")
+        path = options.get("path")
+        if not path:
+            raise HareStoreError('hare-store: no data directory given: .load("DATA_DIR") '
+                                 "(option path)")
+        self.data_dir = Path(path)
+        self.allow_live = _bool_option(options, "allowLive")
+
+    def partitions(self) -> list[InputPartition]:
+        return plan(self.data_dir, self.allow_live)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, _DamagePartition):
+            rows = _Rows()
+            for d in partition.damage:
+                rows.damage(d.what, d.file, d.offset, d.length)
+            yield from rows.flush()
+            return
+        if isinstance(partition, _SegmentPartition):
+            yield from _read_segment(self.data_dir, partition)
+        # else: no partitions planned, and Spark reads one empty partition of its own
+
+
+def _bool_option(options: Mapping[str, str], name: str) -> bool:
+    value = str(options.get(name, "false")).strip().lower()
+    if value not in ("true", "false"):
+        raise HareStoreError(f"hare-store: option {name} must be true or false, not {value!r}")
+    return value == "true"
+
+
+# -- planning (driver) ---------------------------------------------------------------------------
+@dataclass(slots=True)
+class _SegmentPartition(InputPartition):
+    """One queue index segment and the store locations of its entries' bodies."""
+
+    vhost: str
+    queue: str
+    segment: str  # path relative to the data directory
+    number: int
+    segment_entries: int
+    store_dir: str  # relative to the data directory
+    refs: dict[int, tuple[str, int, int]] = field(default_factory=dict)  # msg_id -> _Where
+
+
+@dataclass(slots=True)
+class _DamagePartition(InputPartition):
+    """Damage found while planning (message store files), reported as rows."""
+
+    damage: list[Damage]
+
+
+def plan(data_dir: Path, allow_live: bool) -> list[InputPartition]:
+    """The partitions of a read of `data_dir` (see the module docstring)."""
+    if not data_dir.is_dir():
+        raise HareStoreError(f"hare-store: {data_dir} is not a directory")
+    marks = (layout.DEFINITIONS, layout.QUEUES, layout.MSG_STORE_PERSISTENT)
+    if not any((data_dir / m).exists() for m in marks):
+        raise HareStoreError(f"hare-store: {data_dir} is not a Hare data directory "
+                             f"(none of {', '.join(marks)} in it)")
+    holder = layout.lock_holder(data_dir)
+    if holder is not None and not allow_live:
+        raise HareStoreError(
+            f"hare-store: {data_dir} belongs to a running broker (pid {holder} holds "
+            f"{layout.LOCK_FILE}); stop it, read a copy, or set allowLive=true to read the "
+            "files as they are (no consistent snapshot)")
+    names = _queue_names(data_dir)
+    store_dir = data_dir / layout.MSG_STORE_PERSISTENT
+    store = read_store(store_dir) if store_dir.is_dir() else StoreView(clean=False)
+    store_rel = str(store_dir.relative_to(data_dir))
+    for d in store.damage:
+        d.file = f"{store_rel}/{d.file}"
+        log.warning("hare-store: %s damaged at offset %d (%d bytes): %s", d.file, d.offset,
+                    d.length, d.what)
+    parts: list[InputPartition] = []
+    owned, orphans = [], 0
+    for qdir in index_dirs(data_dir / layout.QUEUES):
+        owner = names.get(qdir.name) if qdir.parent == data_dir / layout.QUEUES else None
+        if owner is None:
+            orphans += 1  # deleted during a crash: the next start removes it
+            continue
+        owned.append((owner, qdir))
+    for (vhost, queue), qdir in sorted(owned):
+        entries = existing_segment_entries(qdir, None)
+        for number, path in segment_files(qdir):
+            part = _SegmentPartition(vhost, queue, str(path.relative_to(data_dir)), number,
+                                     entries, store_rel)
+            if store.locations:
+                part.refs = _refs(path, number, entries, store)
+            parts.append(part)
+    if orphans:
+        log.warning("hare-store: %d queue index director(y/ies) no durable queue owns "
+                    "skipped (a restart deletes them)", orphans)
+    if store.damage:
+        parts.append(_DamagePartition(store.damage))
+    return parts
+
+
+def _queue_names(data_dir: Path) -> dict[str, tuple[str, str]]:
+    """queues/<hash> directory name -> (vhost, queue), from a copy of the definitions
+    database (reading it in place would write its -shm file)."""
+    db_path = data_dir / layout.DEFINITIONS
+    if not db_path.is_file():
+        log.warning("hare-store: %s has no %s: no queue is known, nothing to read", data_dir,
+                    layout.DEFINITIONS)
+        return {}
+    with tempfile.TemporaryDirectory(prefix="hare-store-") as tmp:
+        try:
+            db = Definitions.copy_of(db_path, Path(tmp))
+        except DefinitionsCorrupt as e:
+            raise HareStoreError(f"hare-store: the definitions database is damaged: {e}") from e
+        try:
+            return {layout.queue_dir_name(q.vhost, q.name): (q.vhost, q.name)
+                    for q in db.queues() if q.durable}
+        finally:
+            db.close()
+
+
+_Where = tuple[str, int, int]  # store file name, record offset, record size
+
+
+def _refs(path: Path, number: int, entries: int, store: StoreView) -> dict[int, _Where]:
+    """Where the store bodies of a segment's live entries are (those the store has)."""
+    scan = read_index_segment(path, number, entries).scan
+    if scan is None:
+        return {}
+    where = store.locations
+    return {msg_id: where[msg_id] for msg_id, payload in scan.entries.values()
+            if payload is None and msg_id in where}
+
+
+# -- reading (executors) -------------------------------------------------------------------------
+def _read_segment(data_dir: Path, part: _SegmentPartition) -> Iterator[pa.RecordBatch]:
+    """The rows of one index segment, as recovery would keep its entries."""
+    rows = _Rows(part.vhost, part.queue)
+    path = data_dir / part.segment
+    seg = read_index_segment(path, part.number, part.segment_entries)
+    scan = seg.scan
+    if scan is None:
+        rows.damage(f"{seg.fault}: {seg.detail}", part.segment, 0, seg.size)
+        yield from rows.flush()
+        return
+    for offset, length in scan.corrupt:
+        rows.damage("corrupt record", part.segment, offset, length)
+    if scan.torn_bytes:
+        rows.damage("torn tail", part.segment, scan.good_end, scan.torn_bytes)
+    base = part.number * part.segment_entries
+    missing = 0
+    files: dict[str, int] = {}
+    try:
+        for rel in sorted(scan.entries):
+            msg_id, payload = scan.entries[rel]
+            seq_id, delivered = base + rel, rel in scan.delivered
+            if payload is not None:
+                rows.message(seq_id, msg_id, delivered, payload, part.segment,
+                             scan.positions[rel])
+            else:
+                where = part.refs.get(msg_id)
+                if where is None:  # a transient message's page-out, or lost: not served
+                    missing += 1
+                    continue
+                name, offset, size = where
+                rel_name = f"{part.store_dir}/{name}"
+                try:
+                    data = _pread(files, data_dir / rel_name, size, offset)
+                    body = decode_record(data, msg_id)
+                except (OSError, CorruptRecord) as e:
+                    rows.damage(f"store record unreadable: {e}", rel_name, offset, size,
+                                seq_id, msg_id)
+                    continue
+                rows.message(seq_id, msg_id, delivered, body, rel_name, offset)
+            if rows.full():
+                yield from rows.flush()
+    finally:
+        for fd in files.values():
+            os.close(fd)
+    yield from rows.flush()
+    if rows.damaged or missing:
+        log.warning("hare-store: %s (%s/%s): %d damaged, %d entr(y/ies) with no body in the "
+                    "persistent store skipped", part.segment, part.vhost, part.queue,
+                    rows.damaged, missing)
+
+
+def _pread(files: dict[str, int], path: Path, size: int, offset: int) -> bytes:
+    fd = files.get(str(path))
+    if fd is None:
+        fd = files[str(path)] = os.open(path, os.O_RDONLY)
+    return os.pread(fd, size, offset)
+
+
+class _Rows:
+    """Rows for one Arrow batch at a time (tuples, turned into columns at the flush)."""
+
+    def __init__(self, vhost: str | None = None, queue: str | None = None) -> None:
+        self.vhost, self.queue = vhost, queue
+        self.rows: list[tuple[Any, ...]] = []
+        self.bytes = 0
+        self.damaged = 0
+        # decoded property blocks by their raw bytes: a publisher often repeats them
+        self.props: dict[bytes, tuple[tuple[Any, ...], str | None]] = {}
+
+    def message(self, seq_id: int, msg_id: int, delivered: bool, data: bytes, file: str,
+                offset: int) -> None:
+        msg = Message.decode(data, msg_id)
+        props, problem = self.props.get(msg.props) or self._decode_props(msg)
+        self.rows.append((self.vhost, self.queue, seq_id, f"{msg_id:032x}", msg.persistent,
+                          delivered, msg.exchange, msg.routing_key, *props, msg.body,
+                          len(msg.body), file, offset, problem))
+        self.bytes += len(msg.body)
+
+    def _decode_props(self, msg: Message) -> tuple[tuple[Any, ...], str | None]:
+        try:
+            p = msg.properties
+            values = [getattr(p, name) for name in _PROPS]
+            values[2] = header_strings(values[2])
+            got: tuple[tuple[Any, ...], str | None] = (tuple(values), None)
+        except ValueError as e:  # the broker delivers the raw bytes; we cannot decode them
+            got = ((None,) * len(_PROPS), f"malformed properties: {e}")
+        if len(self.props) >= 1024:
+            self.props.clear()
+        self.props[msg.props] = got
+        return got
+
+    def damage(self, what: str, file: str, offset: int, length: int, seq_id: int | None = None,
+               msg_id: int | None = None) -> None:
+        self.damaged += 1
+        log.warning("hare-store: %s damaged at offset %d (%d bytes): %s", file, offset, length,
+                    what)
+        row: list[Any] = [None] * len(_NAMES)
+        row[0], row[1], row[2] = self.vhost, self.queue, seq_id
+        row[3] = None if msg_id is None else f"{msg_id:032x}"
+        row[-3], row[-2], row[-1] = file, offset, f"{what} ({length} bytes)"
+        self.rows.append(tuple(row))
+
+    def full(self) -> bool:
+        return len(self.rows) >= _BATCH_ROWS or self.bytes >= _BATCH_BYTES
+
+    def flush(self) -> Iterator[pa.RecordBatch]:
+        if not self.rows:
+            return
+        columns = zip(*self.rows, strict=True)
+        arrays = [pa.array(col, type=f.type) for col, f in zip(columns, _ARROW, strict=True)]
+        self.rows = []
+        self.bytes = 0
+        yield pa.RecordBatch.from_arrays(arrays, schema=_ARROW)
