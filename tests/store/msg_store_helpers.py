@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import errno
 import os
+from typing import Any
 
 from broker.store.segment import FileWriter
 
-__all__ = ["FullDisk", "RecordingClient", "body"]
+__all__ = ["FullDisk", "RecordingClient", "body", "filled"]
 
 
 class RecordingClient:
@@ -53,3 +54,13 @@ class FullDisk(FileWriter):
 def body(i: int, size: int = 1000) -> bytes:
     """A body that names its message, so a mixed-up read is caught."""
     return i.to_bytes(8, "big") * (size // 8) + b"#" * (size % 8)
+
+
+async def filled(make_store: Any, n: int = 30, **options: Any) -> Any:
+    """A store (from the make_store fixture) holding body(0) .. body(n-1), synced."""
+    store = await make_store(**options)
+    c = RecordingClient()
+    for i in range(n):
+        store.write(i, body(i), c)
+    await store.sync()
+    return store

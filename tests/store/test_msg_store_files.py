@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from msg_store_helpers import RecordingClient, body
+from msg_store_helpers import body, filled
 from test_compaction import LIMIT, _stuck_compaction
 
 from broker.store.msg_store_files import TORN_CREATION, read_segment, read_store
@@ -30,15 +30,6 @@ def read_at(d: Path, where: tuple[str, int, int], msg_id: int) -> bytes:
     name, offset, size = where
     with open(d / name, "rb") as f:
         return decode_record(os.pread(f.fileno(), size, offset), msg_id)
-
-
-async def filled(make_store, n: int, **options):
-    store = await make_store(**options)
-    c = RecordingClient()
-    for i in range(n):
-        store.write(i, body(i), c)
-    await store.sync()
-    return store
 
 
 async def test_clean_stop_is_read_from_the_snapshot(make_store, tmp_path: Path) -> None:

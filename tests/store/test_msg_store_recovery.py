@@ -7,22 +7,13 @@ import os
 from pathlib import Path
 
 import pytest
-from msg_store_helpers import RecordingClient, body
+from msg_store_helpers import RecordingClient, body, filled
 
 from broker.store.msg_store import MessageUnreadable
 from broker.store.msg_store_recovery import CLEAN_MARKER, QUARANTINE_DIR, SNAPSHOT
 from broker.store.segment import FILE_HEADER_SIZE, RECORD_HEADER_SIZE, segment_name
 
 REC = RECORD_HEADER_SIZE + 1000  # on-disk size of one body(i)
-
-
-async def filled(make_store, n: int = 30, **options):
-    store = await make_store(**options)
-    c = RecordingClient()
-    for i in range(n):
-        store.write(i, body(i), c)
-    await store.sync()
-    return store
 
 
 async def test_clean_restart_uses_the_snapshot(make_store, tmp_path: Path) -> None:
