@@ -33,9 +33,11 @@ DURABLE = [
     ("/", "small", [0, 10, 1000, 3900] * 3),
     ("/", "big", [4096, 5000, 70_000, 9000] * 2),
     ("orders", "mixed", [100, 4050, 4100, 9000, 20] * 2),
+    ("/", "prio", [10, 5000, 100] * 3),  # x-max-priority 3; priority i % 5, so 4 counts as 3
 ]
-ACKED = {"small": 3, "big": 2, "mixed": 0}  # fetched and acked first
-UNACKED = {"small": 2, "big": 1, "mixed": 2}  # then fetched, never acked
+MAX_PRIORITY = {"prio": 3}
+ACKED = {"small": 3, "big": 2, "mixed": 0, "prio": 2}  # fetched and acked first
+UNACKED = {"small": 2, "big": 1, "mixed": 2, "prio": 1}  # then fetched, never acked
 EPOCH = dt.datetime(2024, 5, 1, tzinfo=dt.UTC)
 COLUMNS = ["vhost", "queue", "body", "redelivered", "persistent", "exchange", "routing_key",
            "message_id", "correlation_id", "content_type", "headers", "ts", "priority",
@@ -69,7 +71,8 @@ async def fill(b: BrokerProc) -> list[aio_pika.abc.AbstractConnection]:
         conn = await aio_pika.connect(url(b, vhost))
         ch = await conn.channel(publisher_confirms=True)
         x = await ch.declare_exchange(f"x-{queue}", aio_pika.ExchangeType.DIRECT, durable=True)
-        q = await ch.declare_queue(queue, durable=True)
+        args = {"x-max-priority": MAX_PRIORITY[queue]} if queue in MAX_PRIORITY else None
+        q = await ch.declare_queue(queue, durable=True, arguments=args)
         await q.bind(x, "k")
         for i, size, persistent in published(queue, sizes):
             await x.publish(message(queue, i, size, persistent), routing_key="k")
@@ -94,7 +97,7 @@ async def served(b: BrokerProc) -> list[tuple[Any, ...]]:
     for vhost, queue, _ in DURABLE:
         conn = await aio_pika.connect(url(b, vhost))
         ch = await conn.channel()
-        q = await ch.declare_queue(queue, durable=True)
+        q = await ch.declare_queue(queue, passive=True)
         while (m := await q.get(fail=False)) is not None:
             ts = None if m.timestamp is None else int(m.timestamp.replace(tzinfo=dt.UTC)
                                                       .timestamp())
@@ -118,13 +121,15 @@ def rows(spark, data: Path) -> list[tuple[Any, ...]]:
     df = read(spark, data).where("_damaged IS NULL").orderBy("vhost", "queue", "seq_id")
     df = df.withColumn("ts", df["timestamp"].cast("long"))
     got = []
-    for r in df.select(*COLUMNS).collect():
+    for r in df.select(*COLUMNS, "seq_id").collect():
         t = list(r)
         t[2] = bytes(t[2])
         t[10] = dict(t[10] or {})
         got.append(tuple(t))
+    # delivery order: queue by queue; a priority queue's highest level (seq_id >> 48) first
     order = {(v, q): n for n, (v, q, _) in enumerate(DURABLE)}
-    return sorted(got, key=lambda t: order[t[0], t[1]])  # stable: seq order kept per queue
+    got.sort(key=lambda t: (order[t[0], t[1]], -(t[-1] >> 48), t[-1]))
+    return [t[:-1] for t in got]
 
 
 def published(queue: str, sizes: list[int]) -> list[tuple[int, int, bool]]:
@@ -139,10 +144,12 @@ def published(queue: str, sizes: list[int]) -> list[tuple[int, int, bool]]:
 
 
 def expected() -> list[tuple[bytes, bool]]:
-    """(body, redelivered) the broker holds after a clean stop, queue by queue."""
+    """(body, redelivered) the broker holds after a clean stop, in delivery order."""
     out = []
     for _, queue, sizes in DURABLE:
-        for n, (i, size, persistent) in enumerate(published(queue, sizes)):
+        cap = MAX_PRIORITY.get(queue, 0)
+        order = sorted(published(queue, sizes), key=lambda m: -min(m[0] % 1000 % 5, cap))
+        for n, (i, size, persistent) in enumerate(order):
             if n >= ACKED[queue] and persistent:
                 out.append((body_of(queue, i, size), n < ACKED[queue] + UNACKED[queue]))
     return out
