@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from pyspark.sql.datasource import DataSource
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 from pyspark.sql.types import StructType
 
 from broker.spark.columns import SOURCE_SCHEMA
+from broker.spark.options import SourceOptions
 
 __all__ = ["AmqpDataSource"]
 
@@ -19,3 +20,8 @@ class AmqpDataSource(DataSource):
 
     def schema(self) -> StructType:
         return SOURCE_SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from broker.spark.source import AmqpStreamReader
+
+        return AmqpStreamReader(SourceOptions.parse(self.options))

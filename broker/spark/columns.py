@@ -1,14 +1,20 @@
-"""Column layout of the "amqp" source, and the conversions of AMQP values to column values that
-every Hare source shares."""
+"""Column layout of the "amqp" source, deliveries turned into Arrow record batches, and the
+conversions of AMQP values to column values that every Hare source shares.
+
+Headers become ``map<string,string>`` (`header_strings`): a typed map would need one Spark type
+for every AMQP field-value type.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     BinaryType,
     BooleanType,
@@ -20,7 +26,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-__all__ = ["SOURCE_SCHEMA", "header_strings"]
+if TYPE_CHECKING:
+    from broker.spark.consumer import Delivery
+
+__all__ = ["SOURCE_ARROW_SCHEMA", "SOURCE_SCHEMA", "header_strings", "to_record_batch"]
 
 SOURCE_SCHEMA = StructType([
     StructField("body", BinaryType(), False),
@@ -35,6 +44,9 @@ SOURCE_SCHEMA = StructType([
     StructField("headers", MapType(StringType(), StringType(), True), True),
     StructField("queue", StringType(), False),
 ])
+
+# What Spark expects from a Python data source's read(): timestamps in UTC microseconds.
+SOURCE_ARROW_SCHEMA = to_arrow_schema(SOURCE_SCHEMA, timezone="UTC")
 
 
 def header_strings(headers: Mapping[str, Any] | None) -> list[tuple[str, str | None]] | None:
@@ -69,3 +81,26 @@ def _plain(v: Any) -> Any:
     if isinstance(v, list | tuple):
         return [_plain(x) for x in v]
     return v
+
+
+def to_record_batch(deliveries: Sequence[Delivery], queue: str) -> pa.RecordBatch:
+    """The deliveries as one Arrow batch in SOURCE_ARROW_SCHEMA, built column by column."""
+    props = [d.properties for d in deliveries]
+    headers = [header_strings(p.headers) for p in props]
+    stamps = [None if p.timestamp is None else p.timestamp * 1_000_000 for p in props]
+    fields = SOURCE_ARROW_SCHEMA
+    columns = [
+        [d.body for d in deliveries],
+        [d.exchange for d in deliveries],
+        [d.routing_key for d in deliveries],
+        [d.delivery_tag for d in deliveries],
+        [d.redelivered for d in deliveries],
+        [p.message_id for p in props],
+        [p.correlation_id for p in props],
+        [p.content_type for p in props],
+        stamps,
+        headers,
+        [queue] * len(deliveries),
+    ]
+    arrays = [pa.array(col, type=field.type) for col, field in zip(columns, fields, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, schema=fields)

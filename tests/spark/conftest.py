@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.mgmt.helpers import MgmtBroker
+
 
 def java_found() -> bool:
     home = os.environ.get("JAVA_HOME")
@@ -38,6 +40,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         SparkSession.builder.master("local[2]")
         .appName("hare-tests")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.memory", "512m")
         .config("spark.driver.host", "127.0.0.1")
@@ -50,3 +53,12 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     register(session)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def hare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MgmtBroker]:
+    """One Hare for the Spark tests, with its management API for queue counts. Each test
+    uses queues of its own."""
+    b = MgmtBroker(tmp_path_factory.mktemp("spark-hare") / "data").start()
+    yield b
+    b.stop()

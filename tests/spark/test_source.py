@@ -1,0 +1,195 @@
+"""The "amqp" streaming source against a real Hare: columns, admission control, acks that wait
+for Spark's commit, and no loss across a crash of the source mid-batch."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pika
+import pytest
+
+from broker.spark.options import OptionError, SourceOptions
+from tests.spark.helpers import counts, kill, publish, source_runners, wait_for
+
+URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+def drained(hare, queue: str) -> None:
+    """0 ready, 0 unacked, no consumer: once the source's connection is closed (Spark stops
+    the source runner asynchronously), anything it had not acked would be ready again."""
+    wait_for(lambda: counts(hare, queue) == (0, 0, 0), timeout=30, what=f"{queue} drained")
+
+
+def stream(spark, hare, queue: str, **options: object):
+    reader = spark.readStream.format("amqp").option("url", hare.url).option("queue", queue)
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+# -- options ------------------------------------------------------------------------------
+
+
+def test_options_defaults() -> None:
+    opts = SourceOptions.parse({"url": URL, "queue": "q"})
+    assert (opts.max_messages_per_batch, opts.prefetch, opts.poll_timeout_ms) == (5000, 10000, 500)
+    opts = SourceOptions.parse({"url": URL, "queue": "q", "maxmessagesperbatch": "10"})
+    assert opts.prefetch == 20
+
+
+@pytest.mark.parametrize(("options", "named"), [
+    ({"queue": "q"}, "'url'"),
+    ({"url": "http://x/", "queue": "q"}, "'url'"),
+    ({"url": URL}, "'queue'"),
+    ({"url": URL, "queue": "q", "maxMessagesPerBatch": "many"}, "'maxMessagesPerBatch'"),
+    ({"url": URL, "queue": "q", "maxMessagesPerBatch": "0"}, "'maxMessagesPerBatch'"),
+    ({"url": URL, "queue": "q", "prefetch": "70000"}, "'prefetch'"),
+    ({"url": URL, "queue": "q", "pollTimeoutMs": "-1"}, "'pollTimeoutMs'"),
+])
+def test_bad_option_is_named(options: dict[str, str], named: str) -> None:
+    with pytest.raises(OptionError, match=named):
+        SourceOptions.parse(options)
+
+
+def test_prefetch_below_two_batches_is_refused() -> None:
+    with pytest.raises(OptionError, match=r"'prefetch' \(150\) must be at least 2 x "
+                                          r"maxMessagesPerBatch \(200\)"):
+        SourceOptions.parse({"url": URL, "queue": "q", "maxMessagesPerBatch": "100",
+                             "prefetch": "150"})
+
+
+def test_bad_option_fails_the_query(spark, hare, tmp_path: Path) -> None:
+    df = stream(spark, hare, "src-badopt", maxMessagesPerBatch=100, prefetch=100)
+    query = df.writeStream.format("noop").option(
+        "checkpointLocation", str(tmp_path / "ckpt")).start()
+    with pytest.raises(Exception, match="'prefetch' \\(100\\) must be at least"):
+        query.awaitTermination(60)
+    query.stop()
+
+
+# -- reading ------------------------------------------------------------------------------
+
+
+def test_columns_and_batches(spark, hare, tmp_path: Path) -> None:
+    queue = "src-columns"
+    stamp = 1_700_000_000
+
+    def props(i: int) -> pika.BasicProperties:
+        return pika.BasicProperties(
+            message_id=f"id-{i}", correlation_id=f"c-{i}", content_type="text/plain",
+            timestamp=stamp + i,
+            headers={"n": i, "s": "x", "b": b"raw", "t": True, "nested": {"k": [1, "a"]}})
+
+    publish(hare.url, queue, (f"m{i}".encode() for i in range(25)), props)
+    # One message delivered and requeued first: it comes back with redelivered set.
+    connection = pika.BlockingConnection(pika.URLParameters(hare.url))
+    method, _, _ = connection.channel().basic_get(queue)
+    assert method is not None
+    connection.close()
+
+    df = stream(spark, hare, queue, maxMessagesPerBatch=10)
+    query = (df.writeStream.format("memory").queryName("src_columns")
+             .option("checkpointLocation", str(tmp_path / "ckpt"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert query.exception() is None
+    rows = {r.body: r for r in spark.sql("select * from src_columns").collect()}
+    assert sorted(rows) == sorted(f"m{i}".encode() for i in range(25))
+
+    first = rows[b"m0"]
+    assert first.redelivered is True
+    assert first.exchange == "" and first.routing_key == queue and first.queue == queue
+    assert first.message_id == "id-0" and first.correlation_id == "c-0"
+    assert first.content_type == "text/plain"
+    assert first.timestamp.astimezone(UTC) == datetime.fromtimestamp(stamp, UTC)
+    assert first.headers == {"n": "0", "s": "x", "b": "raw", "t": "true",
+                             "nested": '{"k":[1,"a"]}'}
+    assert rows[b"m7"].redelivered is False and rows[b"m7"].message_id == "id-7"
+    assert len({r.delivery_tag for r in rows.values()}) == 25
+
+    # maxMessagesPerBatch is the admission limit of every batch.
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sum(sizes) == 25 and max(sizes) <= 10
+    # Every message acked once its batch was committed (the consumer closes after the query).
+    drained(hare, queue)
+
+
+def test_acks_wait_for_the_commit_and_an_idle_stream_acks_its_last_batch(
+        spark, hare, tmp_path: Path) -> None:
+    queue = "src-acks"
+    publish(hare.url, queue, (b"x%d" % i for i in range(20)))
+    in_batch = threading.Event()
+    release = threading.Event()
+    seen: list[int] = []
+
+    def each_batch(df, batch_id: int) -> None:
+        seen.append(df.count())
+        if batch_id == 0:
+            in_batch.set()
+            release.wait(60)
+
+    df = stream(spark, hare, queue, maxMessagesPerBatch=20)
+    query = (df.writeStream.foreachBatch(each_batch)
+             .option("checkpointLocation", str(tmp_path / "ckpt")).start())
+    try:
+        assert in_batch.wait(60)
+        # Mid-batch: all 20 delivered to the source, none acked yet.
+        assert counts(hare, queue) == (0, 20, 1)
+        release.set()
+        # Nothing else is published, so Spark never calls commit(end) for batch 0; the
+        # source acks it when Spark asks for the next offset after it.
+        wait_for(lambda: counts(hare, queue) == (0, 0, 1), what="batch 0 acked")
+    finally:
+        release.set()
+        query.stop()
+    assert seen == [20]
+    drained(hare, queue)
+
+
+@pytest.mark.parametrize("crash", ["kill-source-runner", "batch-fails"])
+def test_restart_from_checkpoint_loses_nothing(spark, hare, tmp_path: Path, crash: str) -> None:
+    queue = f"src-crash-{crash}"
+    total = 300
+    publish(hare.url, queue, (b"%d" % i for i in range(total)))
+    jvm_pid = spark.sparkContext._jvm.ProcessHandle.current().pid()
+    got: list[tuple[bytes, bool]] = []
+
+    def each_batch(df, batch_id: int) -> None:
+        got.extend((r.body, r.redelivered) for r in df.select("body", "redelivered").collect())
+        if batch_id == 2 and not restarted:
+            # Mid-batch: this batch's rows are out, its commit is not written.
+            if crash == "kill-source-runner":
+                runners = source_runners(jvm_pid)
+                assert len(runners) == 1, runners
+                kill(runners[0])
+            raise RuntimeError("crash in batch 2")
+
+    def run(trigger: dict[str, bool] | None = None):
+        df = stream(spark, hare, queue, maxMessagesPerBatch=40)
+        writer = (df.writeStream.foreachBatch(each_batch)
+                  .option("checkpointLocation", str(tmp_path / "ckpt")))
+        return writer.trigger(**trigger).start() if trigger else writer.start()
+
+    restarted = False
+    query = run()
+    with pytest.raises(Exception, match="crash in batch 2"):
+        query.awaitTermination(120)
+    assert len(got) == 120
+    restarted = True
+    # The source's connection is gone: the unacked messages are back in the queue.
+    wait_for(lambda: counts(hare, queue)[1:] == (0, 0), what="crashed consumer gone")
+
+    query = run({"availableNow": True})
+    query.awaitTermination(120)
+    assert query.exception() is None
+
+    bodies = [body for body, _ in got]
+    assert set(bodies) == {b"%d" % i for i in range(total)}  # every message at least once
+    first_run = {body for body, _ in got[:120]}
+    for body, redelivered in got[120:]:
+        if body in first_run:  # a duplicate is a redelivery of batch 2's messages
+            assert redelivered, body
+    assert len(bodies) - total <= 40
+    drained(hare, queue)
