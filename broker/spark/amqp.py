@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
 from pyspark.sql.types import StructType
 
 from broker.spark.columns import SOURCE_SCHEMA
-from broker.spark.options import SourceOptions
+from broker.spark.options import SinkOptions, SourceOptions
+from broker.spark.sink import AmqpBatchWriter, AmqpStreamWriter, check_sink_schema
+from broker.spark.source import AmqpStreamReader
 
 __all__ = ["AmqpDataSource"]
 
 
 class AmqpDataSource(DataSource):
-    """Spark instantiates this on the driver (and pickles it to workers) with the options."""
+    """Spark makes one per read or write, with the options, and pickles it to its workers."""
 
     @classmethod
     def name(cls) -> str:
@@ -22,6 +29,12 @@ class AmqpDataSource(DataSource):
         return SOURCE_SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        from broker.spark.source import AmqpStreamReader
-
         return AmqpStreamReader(SourceOptions.parse(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        check_sink_schema(schema)
+        return AmqpBatchWriter(SinkOptions.parse(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        check_sink_schema(schema)
+        return AmqpStreamWriter(SinkOptions.parse(self.options))
