@@ -1,4 +1,4 @@
-"""One local SparkSession for the whole test run, shared by every Spark test.
+"""One local SparkSession for the whole test run, shared by every Spark test, and one Hare.
 
 Spark starts its Python workers with the interpreter named by PYSPARK_PYTHON; we name the one
 running the tests, so workers import `broker` from this checkout's virtualenv.
@@ -31,26 +31,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from pyspark.sql import SparkSession
+    from broker.spark.local import local_session
 
-    from broker.spark import register
-
-    scratch = tmp_path_factory.mktemp("spark")
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("hare-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.memory", "512m")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.local.dir", str(scratch / "local"))
-        .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
-        .config("spark.sql.streaming.stopTimeout", "10s")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
+    session = local_session("hare-tests", tmp_path_factory.mktemp("spark"))
     yield session
     session.stop()
 
