@@ -55,8 +55,9 @@ TRANSITIONS: dict[tuple[ChannelState, ChannelInput], tuple[ChannelAction, Channe
     (_S.CLOSING, _I.CLOSE_OK): (_A.FINISH, _S.CLOSED),
     (_S.CLOSING, _I.COMMAND): (_A.DROP, _S.CLOSING),
     (_S.CLOSING, _I.ERROR): (_A.DROP, _S.CLOSING),  # already closing: one close is enough
-    # a closed channel's mailbox may still hold what the client sent after its close
-    (_S.CLOSED, _I.CLOSE): (_A.DROP, _S.CLOSED),
+    # a closed channel's mailbox may still hold what the client sent after its close; a
+    # second close gets a second close-ok (RabbitMQ runs the close handshake again)
+    (_S.CLOSED, _I.CLOSE): (_A.ANSWER_CLOSE, _S.CLOSED),
     (_S.CLOSED, _I.CLOSE_OK): (_A.DROP, _S.CLOSED),
     (_S.CLOSED, _I.COMMAND): (_A.DROP, _S.CLOSED),
     (_S.CLOSED, _I.ERROR): (_A.DROP, _S.CLOSED),

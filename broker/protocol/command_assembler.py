@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import struct
 
-from broker.protocol.constants import FRAME_BODY, FRAME_HEADER, FRAME_METHOD, UNEXPECTED_FRAME
+from broker.protocol.constants import (
+    FRAME_BODY,
+    FRAME_ERROR,
+    FRAME_HEADER,
+    FRAME_METHOD,
+    UNEXPECTED_FRAME,
+)
 from broker.protocol.errors import ConnectionError_
 
 __all__ = ["ACK_INDEX", "PUBLISH_INDEX", "CommandAssembler"]
@@ -44,12 +50,7 @@ class CommandAssembler:
         state = self.state
         if ftype == FRAME_METHOD:
             if state != _EXPECT_METHOD:
-                raise ConnectionError_(
-                    UNEXPECTED_FRAME,
-                    "expected content "
-                    + ("header" if state == _EXPECT_HEADER else "body")
-                    + ", got method frame",
-                )
+                raise _unexpected(state)
             if payload[:4] == b"\x00\x3c\x00\x28":  # basic.publish
                 self.method = payload
                 self.state = _EXPECT_HEADER
@@ -57,13 +58,16 @@ class CommandAssembler:
             return ("method", payload)
         if ftype == FRAME_HEADER:
             if state != _EXPECT_HEADER:
-                raise ConnectionError_(UNEXPECTED_FRAME, "unexpected content header frame")
+                raise _unexpected(state)
             if len(payload) < 14:
-                raise ConnectionError_(UNEXPECTED_FRAME, "content header frame too short")
+                raise ConnectionError_(FRAME_ERROR, "malformed content header frame")
             class_id, _weight, size = _HEADER.unpack_from(payload)
             if class_id != 60:
                 raise ConnectionError_(
-                    UNEXPECTED_FRAME, f"content header for class {class_id}, expected 60"
+                    UNEXPECTED_FRAME,
+                    f"expected content header for class 60, got one for class {class_id} "
+                    "instead",
+                    _PUBLISH_IDS,
                 )
             self.props = payload[12:]
             if size == 0:
@@ -76,12 +80,13 @@ class CommandAssembler:
             return None
         if ftype == FRAME_BODY:
             if state != _EXPECT_BODY:
-                raise ConnectionError_(UNEXPECTED_FRAME, "unexpected content body frame")
+                raise _unexpected(state)
             self.received += len(payload)
             if self.received > self.body_size:
                 raise ConnectionError_(
                     UNEXPECTED_FRAME,
                     f"content body exceeds the announced {self.body_size} bytes",
+                    _PUBLISH_IDS,
                 )
             if self.received == self.body_size and not self.chunks:
                 self.state = _EXPECT_METHOD
@@ -94,3 +99,20 @@ class CommandAssembler:
                 return ("content", self.method, self.props, body)
             return None
         raise ConnectionError_(UNEXPECTED_FRAME, f"unexpected frame type {ftype} on a channel")
+
+
+_PUBLISH_IDS = (60, 40)
+
+
+def _unexpected(state: int) -> ConnectionError_:
+    """A frame of the wrong type for the assembler's state, in RabbitMQ's words; while a
+    publish's content is awaited the error names basic.publish."""
+    if state == _EXPECT_METHOD:
+        return ConnectionError_(
+            UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
+        )
+    if state == _EXPECT_HEADER:
+        text = "expected content header for class 60, got non content header frame instead"
+    else:
+        text = "expected content body, got non content body frame instead"
+    return ConnectionError_(UNEXPECTED_FRAME, text, _PUBLISH_IDS)

@@ -19,7 +19,7 @@ import enum
 
 from pamqp import base, commands
 
-from broker.protocol.constants import CHANNEL_ERROR, COMMAND_INVALID
+from broker.protocol.constants import CHANNEL_ERROR
 from broker.protocol.errors import ConnectionError_
 
 __all__ = ["ConnectionAction", "ConnectionState", "connection_step"]
@@ -70,8 +70,9 @@ def connection_step(
     state: ConnectionState, method: base.Frame
 ) -> tuple[ConnectionAction, ConnectionState]:
     """The action and the next state for a method on channel 0. While closing, what the table
-    lacks is ignored; otherwise it is a hard error: 503 during the handshake, 504 once open
-    (RabbitMQ: "unexpected method in connection state ...")."""
+    lacks is ignored; otherwise it is 504 CHANNEL_ERROR, RabbitMQ's "unexpected method in
+    connection state ..." (RabbitMQ says nothing at all before tune-ok: see
+    docs/CONFORMANCE.md)."""
     step = TRANSITIONS.get((state, type(method)))
     if step is not None:
         return step
@@ -79,7 +80,7 @@ def connection_step(
         return _A.IGNORE, state
     index = method.index
     raise ConnectionError_(
-        COMMAND_INVALID if state < _S.OPENED else CHANNEL_ERROR,
-        f"unexpected method {method.name} on channel 0",
+        CHANNEL_ERROR,
+        f"unexpected method {method.name} in connection state {state.name.lower()}",
         (index >> 16, index & 0xFFFF),
     )

@@ -18,7 +18,6 @@ from broker.protocol.constants import (
     FRAME_HEADER,
     FRAME_HEARTBEAT,
     FRAME_METHOD,
-    SYNTAX_ERROR,
 )
 from broker.protocol.errors import ConnectionError_
 
@@ -57,7 +56,9 @@ ACK_ID = (60, 80)
 class FrameCutter:
     """Cuts complete frames out of a growing buffer. `feed` returns the frames it could cut and
     keeps the incomplete tail; it checks the announced size against frame_max before waiting
-    for (and so allocating) a payload."""
+    for (and so allocating) a payload. As RabbitMQ, a payload of frame_max bytes is let
+    through (its ?FRAME_SIZE_FUDGE: clients that leave the 8 bytes of framing out of their
+    sums); one byte more is 501."""
 
     __slots__ = ("buf", "frame_max")
 
@@ -75,9 +76,9 @@ class FrameCutter:
         unpack = _HDR.unpack_from
         while end - pos >= 7:  # a whole header: check its size before the payload
             ftype, channel, size = unpack(buf, pos)
-            if size + 8 > limit:
+            if size > limit:
                 raise ConnectionError_(
-                    FRAME_ERROR, f"frame size {size + 8} exceeds frame_max {limit}"
+                    FRAME_ERROR, f"frame payload of {size} bytes exceeds frame_max {limit}"
                 )
             stop = pos + 7 + size
             if stop >= end:
@@ -101,9 +102,10 @@ def shortstr(text: str) -> bytes:
 
 # -- methods --------------------------------------------------------------------------------
 def decode_method(payload: bytes) -> base.Frame:
-    """A method frame payload -> pamqp method. Malformed -> 502 SYNTAX_ERROR, unknown -> 540."""
+    """A method frame payload -> pamqp method. Malformed -> 501 FRAME_ERROR (RabbitMQ: "cannot
+    decode"), unknown -> 540."""
     if len(payload) < 4:
-        raise ConnectionError_(SYNTAX_ERROR, "method frame too short")
+        raise ConnectionError_(FRAME_ERROR, "method frame too short")
     index = int.from_bytes(payload[:4], "big")
     cls = commands.INDEX_MAPPING.get(index)
     if cls is None:
@@ -115,7 +117,7 @@ def decode_method(payload: bytes) -> base.Frame:
         method.unmarshal(payload[4:])
     except (struct.error, ValueError, pamqp_exceptions.UnmarshalingException) as exc:
         raise ConnectionError_(
-            SYNTAX_ERROR, f"malformed {cls.name}: {exc}", (index >> 16, index & 0xFFFF)
+            FRAME_ERROR, f"cannot decode {cls.name}: {exc}", (index >> 16, index & 0xFFFF)
         ) from exc
     return method
 
@@ -137,7 +139,7 @@ def decode_publish(payload: bytes) -> tuple[str, str, bool, bool, bytes]:
         pos += 1 + n
         bits = payload[pos]
     except (IndexError, UnicodeDecodeError) as exc:
-        raise ConnectionError_(SYNTAX_ERROR, "malformed basic.publish", PUBLISH_ID) from exc
+        raise ConnectionError_(FRAME_ERROR, "cannot decode basic.publish", PUBLISH_ID) from exc
     return exchange, routing_key, bool(bits & 1), bool(bits & 2), payload[6:pos]
 
 
@@ -145,7 +147,7 @@ def decode_ack(payload: bytes) -> tuple[int, bool]:
     try:
         tag, bits = _QB.unpack_from(payload, 4)
     except struct.error as exc:
-        raise ConnectionError_(SYNTAX_ERROR, "malformed basic.ack", ACK_ID) from exc
+        raise ConnectionError_(FRAME_ERROR, "cannot decode basic.ack", ACK_ID) from exc
     return tag, bool(bits & 1)
 
 

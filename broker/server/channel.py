@@ -162,11 +162,13 @@ class Channel:
 
     def _terminate(self) -> None:
         self.state = ChannelState.CLOSED
-        self._release()
-        for q in self._posted:
-            q.credit_flow.peer_down(self)
-        self._posted.clear()
-        self.reader.channel_terminated(self)
+        try:
+            self._release()
+            for q in self._posted:
+                q.credit_flow.peer_down(self)
+            self._posted.clear()
+        finally:  # the reader waits for this before it closes the connection
+            self.reader.channel_terminated(self)
         management = getattr(self.reader.node, "management", None)
         if management is not None:
             management.stats.channel_closed(self)  # keep its counters in the node's totals

@@ -23,7 +23,6 @@ from broker.protocol.command_assembler import CommandAssembler
 from broker.protocol.connection_state import ConnectionAction, ConnectionState, connection_step
 from broker.protocol.constants import (
     CHANNEL_ERROR,
-    COMMAND_INVALID,
     CONNECTION_FORCED,
     FRAME_BODY,
     FRAME_ERROR,
@@ -33,6 +32,7 @@ from broker.protocol.constants import (
     FRAME_MIN_SIZE,
     NOT_ALLOWED,
     PROTOCOL_HEADER,
+    UNEXPECTED_FRAME,
 )
 from broker.protocol.errors import AMQPError, ChannelError, ConnectionError_
 from broker.server.channel import Channel
@@ -97,6 +97,12 @@ class Reader(asyncio.Protocol):
         self.cutter = frames.FrameCutter(FRAME_MIN_SIZE)
         self.channels: dict[int, Channel] = {}
         self.assemblers: dict[int, CommandAssembler] = {}
+        self._live: set[Channel] = set()  # channels whose task has not ended, numbered or not
+        # while closing: channel-0 frames held until every channel task has ended, and what
+        # to do then (see _stop_channels)
+        self._held: list[bytes] | None = None
+        self._linger_s = 0.0
+        self._half_close = False
         self._header_buf = b""
         self._touched: set[Channel] = set()  # channels given commands in this chunk
         self._timer: asyncio.TimerHandle | None = None
@@ -236,11 +242,12 @@ class Reader(asyncio.Protocol):
 
     def _connection_frame(self, ftype: int, payload: bytes) -> None:
         if ftype == FRAME_HEARTBEAT:
+            if payload:
+                raise ConnectionError_(FRAME_ERROR, "heartbeat frame with a payload")
             return
         if ftype != FRAME_METHOD:
             raise ConnectionError_(
-                COMMAND_INVALID if self.state < OPENED else FRAME_ERROR,
-                f"unexpected frame type {ftype} on channel 0",
+                UNEXPECTED_FRAME, f"unexpected frame type {ftype} on channel 0"
             )
         method = frames.decode_method(payload)
         state = self.state
@@ -298,6 +305,7 @@ class Reader(asyncio.Protocol):
             log.warning(
                 "authentication failed", peer=self._peer(), mechanism=m.mechanism, reason=exc.text
             )
+            exc.method = (0, 0)  # as RabbitMQ's close for a refused login
             self.connection_error(exc)
             return
         self._send0(
@@ -313,7 +321,7 @@ class Reader(asyncio.Protocol):
             raise ConnectionError_(
                 NOT_ALLOWED, f"frame_max={m.frame_max} < {FRAME_MIN_SIZE} min size"
             )
-        if m.frame_max > self.frame_max:
+        if m.frame_max > self.frame_max or not m.frame_max:  # 0 is "no limit": above ours
             raise ConnectionError_(
                 NOT_ALLOWED, f"frame_max={m.frame_max} > {self.frame_max} max size"
             )
@@ -394,17 +402,18 @@ class Reader(asyncio.Protocol):
     # -- channels ---------------------------------------------------------------------------
     def _channel_frame(self, ftype: int, number: int, payload: bytes) -> None:
         if self.state != OPENED:
-            raise ConnectionError_(COMMAND_INVALID, "frame on a channel before connection.open")
+            raise ConnectionError_(
+                UNEXPECTED_FRAME, f"frame on channel {number} before connection.open"
+            )
+        if ftype == FRAME_HEARTBEAT:
+            raise ConnectionError_(
+                FRAME_ERROR if payload else UNEXPECTED_FRAME,
+                f"heartbeat frame on channel {number}",
+            )
         ch = self.channels.get(number)
         if ch is None:
-            if ftype == FRAME_METHOD and payload[:4] == _CHANNEL_OPEN:
-                self._open_channel(number)
-                return
-            if ftype == FRAME_HEARTBEAT:
-                raise ConnectionError_(FRAME_ERROR, "heartbeat frame on a non-zero channel")
-            raise ConnectionError_(CHANNEL_ERROR, f"expected 'channel.open' on channel {number}")
-        if ftype == FRAME_HEARTBEAT:
-            raise ConnectionError_(FRAME_ERROR, "heartbeat frame on a non-zero channel")
+            self._unopened_channel_frame(ftype, number, payload)
+            return
         cmd = self.assemblers[number].frame(ftype, payload)
         if cmd is None:
             return
@@ -419,6 +428,19 @@ class Reader(asyncio.Protocol):
             # A client channel.close is different: the channel frees the number when it takes
             # it, since only the channel knows whether it is closing already.
             self.channel_closed(ch)
+
+    def _unopened_channel_frame(self, ftype: int, number: int, payload: bytes) -> None:
+        if ftype != FRAME_METHOD:  # what a new channel's assembler says (RabbitMQ)
+            raise ConnectionError_(
+                UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
+            )
+        if payload[:4] == _CHANNEL_OPEN:
+            self._open_channel(number)
+            return
+        ids = (0, 0)
+        if len(payload) >= 4:
+            ids = (int.from_bytes(payload[:2], "big"), int.from_bytes(payload[2:4], "big"))
+        raise ConnectionError_(CHANNEL_ERROR, f"expected 'channel.open' on channel {number}", ids)
 
     def _post_publish(self, ch: Channel, cmd: tuple[Any, ...]) -> None:
         """A whole publish for a channel: one credit spent, woken at the end of the chunk."""
@@ -465,6 +487,7 @@ class Reader(asyncio.Protocol):
             )
         ch = Channel(number, self)
         self.channels[number] = ch
+        self._live.add(ch)
         self.assemblers[number] = CommandAssembler()
         ch.start()
         self.writer.send(frames.encode_method(number, commands.Channel.OpenOk()))
@@ -479,6 +502,9 @@ class Reader(asyncio.Protocol):
     def channel_terminated(self, ch: Channel) -> None:
         """A channel is gone for good: it can no longer hold our credit."""
         self.credit_flow.peer_down(ch)
+        self._live.discard(ch)
+        if not self._live and self._held is not None:
+            self._release_held()
 
     # -- back-pressure ----------------------------------------------------------------------
     def _throttle(self) -> None:
@@ -550,11 +576,6 @@ class Reader(asyncio.Protocol):
 
     # -- closing ----------------------------------------------------------------------------
     def _client_close(self, m: commands.Connection.Close) -> None:
-        for ch in self.channels.values():
-            ch.stop()
-        self.channels.clear()
-        self.assemblers.clear()
-        self._send0(commands.Connection.CloseOk())
         log.info(
             "connection closed",
             conn=self.name,
@@ -563,11 +584,10 @@ class Reader(asyncio.Protocol):
             code=m.reply_code,
             text=m.reply_text,
         )
-        self.writer.flush()
         # The client closes the socket once it has close-ok; closing ours first would reset a
         # connection that another of its threads may still be writing to (and with unread
         # bytes in our buffer the kernel answers with a reset). Read and discard until then.
-        self._linger(CLOSE_LINGER_S)
+        self._stop_channels(commands.Connection.CloseOk(), CLOSE_LINGER_S)
 
     def connection_error(self, exc: AMQPError) -> None:
         """A hard error (or a forced close): connection.close, then wait for close-ok."""
@@ -585,35 +605,51 @@ class Reader(asyncio.Protocol):
         )
         was_open = self.state == OPENED
         self.state = CLOSING
-        for ch in self.channels.values():
-            ch.stop()
-        self.channels.clear()
-        self.assemblers.clear()
-        self._send0(
-            commands.Connection.Close(
-                reply_code=exc.code,
-                reply_text=exc.reply_text[:255],
-                class_id=exc.method[0],
-                method_id=exc.method[1],
-            )
+        close = commands.Connection.Close(
+            reply_code=exc.code,
+            reply_text=exc.reply_text[:255],
+            class_id=exc.method[0],
+            method_id=exc.method[1],
         )
         # a client that never answers close-ok is dropped (RabbitMQ waits a few seconds)
-        self._linger(CLOSE_LINGER_S if was_open else 0.1)
+        self._stop_channels(close, CLOSE_LINGER_S if was_open else 0.1)
 
     def _fatal_frame_error(self, exc: ConnectionError_) -> None:
         """The byte stream is out of step: nothing after this can be parsed. connection.close
         goes out, then our half of the socket closes so the client sees the end at once; its
         bytes are read and dropped until it closes too (RabbitMQ's fatal_frame_error)."""
-        self.connection_error(exc)
+        self._half_close = True
         self._stream_lost = True
-        self.writer.shutdown()
+        self.connection_error(exc)
 
-    def _linger(self, seconds: float) -> None:
-        """Keep reading (and discarding) for at most `seconds`, then close the socket."""
-        if self._timer is not None:
+    def _stop_channels(self, method: Any, linger_s: float) -> None:
+        """Stop every channel and send `method` (connection.close or close-ok) once each has
+        finished what it had been sent: nothing of a channel's may follow it (RabbitMQ's
+        terminate_channels). Channel-0 frames sent meanwhile (close-ok for a crossing close)
+        are held until then too; then the socket lingers for at most `linger_s`."""
+        for ch in self.channels.values():
+            ch.stop()
+        self.channels.clear()
+        self.assemblers.clear()
+        self._held = [frames.encode_method(0, method)]
+        self._linger_s = linger_s
+        if self._timer is not None:  # no heartbeat or handshake timer from here on
             self._timer.cancel()
-        self._timer = self.loop.call_later(seconds, self._close_transport)
-        if self._paused_reading and self.transport is not None:
+            self._timer = None
+        if not self._live:
+            self._release_held()
+
+    def _release_held(self) -> None:
+        held, self._held = self._held or [], None
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.writer.send_many(held)
+        if self._half_close:
+            self.writer.shutdown()
+        else:
+            self.writer.flush()
+        self._timer = self.loop.call_later(self._linger_s, self._close_transport)
+        if self._paused_reading:
             self._paused_reading = False
             self.transport.resume_reading()
 
@@ -627,7 +663,11 @@ class Reader(asyncio.Protocol):
         self.state = CLOSED
 
     def _send0(self, method: Any) -> None:
-        self.writer.send(frames.encode_method(0, method))
+        data = frames.encode_method(0, method)
+        if self._held is not None:
+            self._held.append(data)
+        else:
+            self.writer.send(data)
 
     # -- helpers ----------------------------------------------------------------------------
     def client_capability(self, name: str) -> bool:

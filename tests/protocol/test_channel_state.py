@@ -49,8 +49,13 @@ def test_a_second_error_while_closing_sends_nothing():
 
 
 def test_what_reaches_a_closed_channel_is_dropped():
-    for event in (In.CLOSE, In.CLOSE_OK, In.COMMAND, In.ERROR):
+    for event in (In.CLOSE_OK, In.COMMAND, In.ERROR):
         assert channel_step(S.CLOSED, event) == (A.DROP, S.CLOSED)
+
+
+def test_a_second_close_gets_a_second_close_ok():
+    """close, close in one write: RabbitMQ answers both."""
+    assert run(In.CLOSE, In.CLOSE) == ([A.ACCEPT_CLOSE, A.ANSWER_CLOSE], S.CLOSED)
 
 
 def test_close_ok_on_an_open_channel_is_503():

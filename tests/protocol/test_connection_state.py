@@ -32,10 +32,11 @@ def test_handshake_in_order():
         (S.AWAIT_OPEN, CLOSE),
     ],
 )
-def test_handshake_out_of_order_is_503(state, method):
+def test_handshake_out_of_order_is_504(state, method):
+    """RabbitMQ's "unexpected method in connection state ..." is 504 CHANNEL_ERROR."""
     with pytest.raises(ConnectionError_) as err:
         connection_step(state, method)
-    assert err.value.code == 503
+    assert err.value.code == 504
 
 
 @pytest.mark.parametrize("method", [C.StartOk(), C.TuneOk(), C.Open()])

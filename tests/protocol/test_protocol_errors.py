@@ -111,7 +111,8 @@ def test_garbage_after_open_is_frame_error(broker):
 def test_oversized_frame_is_501(broker):
     c = opened(broker, frame_max=4096)
     # the header alone announces a frame larger than frame_max: refused before the payload
-    c.send(struct.pack(">BHI", 3, 1, 4096))
+    # (a payload of frame_max itself is let through, as RabbitMQ does)
+    c.send(struct.pack(">BHI", 3, 1, 4097))
     close = expect_connection_close(c, 501)
     assert "frame_max" in close.reply_text or "too large" in close.reply_text
     roundtrip_ok(broker.port)
@@ -145,17 +146,23 @@ def test_unknown_frame_type_is_501(broker, ftype):
     roundtrip_ok(broker.port)
 
 
-def test_heartbeat_on_nonzero_channel_is_501(broker):
+def test_heartbeat_on_nonzero_channel_is_505(broker):
     c = opened(broker)
     c.send(raw_frame(8, 1, b""))
-    close = expect_connection_close(c, 501)
+    close = expect_connection_close(c, 505)
     assert "heartbeat" in close.reply_text
     roundtrip_ok(broker.port)
 
 
-def test_heartbeat_on_unopened_nonzero_channel_is_501(broker):
+def test_heartbeat_on_unopened_nonzero_channel_is_505(broker):
     c = opened(broker, channel=None)
     c.send(raw_frame(8, 3, b""))
+    expect_connection_close(c, 505)
+
+
+def test_heartbeat_with_a_payload_is_501(broker):
+    c = opened(broker)
+    c.send(raw_frame(8, 0, b"xx"))
     expect_connection_close(c, 501)
 
 
@@ -234,10 +241,11 @@ def test_method_on_unopened_channel_is_504(broker):
     roundtrip_ok(broker.port)
 
 
-def test_content_on_unopened_channel_is_504(broker):
+def test_content_on_unopened_channel_is_505(broker):
+    """What a new channel's assembler says to a frame that is not a method (RabbitMQ)."""
     c = opened(broker)
     c.send(raw_frame(3, 2, b"abc"))
-    expect_connection_close(c, 504)
+    expect_connection_close(c, 505)
 
 
 def test_channel_open_twice_is_504(broker):
@@ -280,7 +288,7 @@ def test_channel_reopened_after_close(broker):
     c.close()
 
 
-# -- methods: 540 NOT_IMPLEMENTED, 502 SYNTAX_ERROR, 503 COMMAND_INVALID ------------------------
+# -- methods: 540 NOT_IMPLEMENTED, 501 FRAME_ERROR (cannot decode), 503 COMMAND_INVALID ---------
 def test_unknown_method_on_channel_is_540(broker):
     c = opened(broker)
     c.send(raw_frame(1, 1, struct.pack(">HH", 60, 99)))
@@ -307,45 +315,47 @@ def test_unknown_class_on_channel_zero_is_540(broker):
         struct.pack(">H", 60),  # method id cut
     ],
 )
-def test_malformed_method_is_502(broker, payload):
+def test_malformed_method_is_501(broker, payload):
     c = opened(broker)
     c.send(raw_frame(1, 1, payload))
-    expect_connection_close(c, 502)
+    expect_connection_close(c, 501)
     roundtrip_ok(broker.port)
 
 
-def test_malformed_publish_is_502(broker):
+def test_malformed_publish_is_501(broker):
     c = opened(broker)
     c.send(raw_frame(1, 1, struct.pack(">HH", 60, 40) + b"\x00\x00\x09ab"))
     from pamqp import frame as pframe
     from pamqp import header as pheader
 
     c.send(pframe.marshal(pheader.ContentHeader(0, 0, commands.Basic.Properties()), 1))
-    expect_connection_close(c, 502)
+    expect_connection_close(c, 501)
     roundtrip_ok(broker.port)
 
 
-def test_malformed_connection_method_is_502(broker):
+def test_malformed_connection_method_is_501(broker):
     c = opened(broker, channel=None)
     c.send(raw_frame(1, 0, struct.pack(">HH", 10, 50) + b"\x01"))  # connection.close cut
-    expect_connection_close(c, 502)
+    expect_connection_close(c, 501)
 
 
 def test_channel_method_before_open_is_refused(broker):
+    """505 as RabbitMQ after tune-ok; before it RabbitMQ only drops the socket (a difference
+    docs/CONFORMANCE.md lists)."""
     c = RawClient(broker.port)
     c.send(PROTOCOL_HEADER)
     c.expect(commands.Connection.Start, 0)
     c.send_method(1, commands.Channel.Open())
-    expect_connection_close(c, 503)
+    expect_connection_close(c, 505)
     roundtrip_ok(broker.port)
 
 
-def test_connection_method_out_of_order_is_503(broker):
+def test_connection_method_out_of_order_is_504(broker):
     c = RawClient(broker.port)
     c.send(PROTOCOL_HEADER)
     c.expect(commands.Connection.Start, 0)
     c.send_method(0, commands.Connection.Open(virtual_host="/"))
-    expect_connection_close(c, 503)
+    expect_connection_close(c, 504)
     roundtrip_ok(broker.port)
 
 

@@ -102,12 +102,12 @@ def test_close_ok_on_an_open_channel_is_503(broker):
 
 
 def test_connection_close_crossing_a_server_connection_close(broker):
-    """The server closes the connection (504, a frame on an unopened channel) while the
+    """The server closes the connection (505, a body frame on an unopened channel) while the
     client's connection.close is on its way: the client's close gets close-ok, and the
     socket closes on the client's close-ok."""
     c = opened(broker, 1)
     c.send(raw_frame(3, 7, b"x"))
-    assert c.expect(commands.Connection.Close, 0).reply_code == 504
+    assert c.expect(commands.Connection.Close, 0).reply_code == 505
     c.send_method(0, CONN_CLOSE)
     c.expect(commands.Connection.CloseOk, 0)
     c.send_method(0, commands.Connection.CloseOk())
@@ -120,7 +120,7 @@ def test_connection_close_crossing_in_the_same_read(broker):
     """The same, with the client's close in the same read as the frame that failed."""
     c = opened(broker, 1)
     c.send(raw_frame(3, 7, b"x") + pframe.marshal(CONN_CLOSE, 0))
-    assert c.expect(commands.Connection.Close, 0).reply_code == 504
+    assert c.expect(commands.Connection.Close, 0).reply_code == 505
     c.expect(commands.Connection.CloseOk, 0)
     c.send_method(0, commands.Connection.CloseOk())
     assert c.recv_frame(5.0) is None
