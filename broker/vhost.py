@@ -21,7 +21,13 @@ from broker.protocol.constants import (
 )
 from broker.protocol.errors import ChannelError, ConnectionError_
 from broker.queue.amqqueue import AMQQueue
-from broker.queue.arguments import fmt_value, same_argument, validate_queue
+from broker.queue.arguments import (
+    COMPARED_ARGS,
+    amqp_type,
+    fmt_value,
+    same_argument,
+    validate_queue,
+)
 from broker.queue.dead_letter import is_cycle
 from broker.routing.exchange import Exchange
 from broker.routing.router import may_have_cc, routing_keys
@@ -105,14 +111,12 @@ class VHost:
             raise ConnectionError_(COMMAND_INVALID, f"unknown exchange type '{type_}'")
         if name == "":
             self._not_default(self.default_exchange)  # RabbitMQ: 403, even as it is
-        if name.startswith("amq."):
-            if name in self.exchanges and self.exchanges[name].type == type_:
-                return self.exchanges[name]
+        existing = self.exchanges.get(name)
+        if existing is None and name.startswith("amq."):  # an existing one is compared
             raise ChannelError(
                 ACCESS_REFUSED,
                 f"exchange name '{name}' contains reserved prefix 'amq.*'",
             )
-        existing = self.exchanges.get(name)
         if existing is not None:
             for field, have, want in (
                 ("type", existing.type, type_),
@@ -137,6 +141,13 @@ class VHost:
                     f"{fmt_value(_text(have_ae))}",
                 )
             return existing
+        ae = (arguments or {}).get("alternate-exchange")
+        if ae is not None and not isinstance(ae, str | bytes):
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"invalid type '{amqp_type(ae)}' for arg 'alternate-exchange' in exchange "
+                f"'{name}' {self._where()}",
+            )
         try:
             ex = Exchange(
                 name,
@@ -255,7 +266,7 @@ class VHost:
                     )
             for key in set(arguments) | set(existing.arguments):
                 have, want = existing.arguments.get(key), arguments.get(key)
-                if key.startswith("x-") and not same_argument(key, have, want):
+                if key in COMPARED_ARGS and not same_argument(key, have, want):
                     raise ChannelError(
                         PRECONDITION_FAILED,
                         f"inequivalent arg '{key}' for queue '{name}' {self._where()}: "

@@ -20,6 +20,7 @@ from broker.protocol.constants import PRECONDITION_FAILED
 from broker.protocol.errors import ChannelError
 
 __all__ = [
+    "COMPARED_ARGS",
     "MAX_PRIORITY",
     "OVERFLOW_MODES",
     "QUEUE_MODES",
@@ -47,6 +48,16 @@ _UNSUPPORTED = {
 }
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 QUEUE_MODES = ("default", "lazy")  # lazy: every body paged out as it arrives (FLOW.md)
+_QUEUE_VERSIONS = (1, 2)
+_MAX_EXPIRY_MS = 0xFFFFFFFF  # RabbitMQ's ?MAX_EXPIRY_TIMER: x-message-ttl and x-expires
+# What a redeclare is compared on: the arguments of a classic queue (RabbitMQ's
+# rabbit_queue_type:arguments(queue_arguments, rabbit_classic_queue)); others are ignored
+COMPARED_ARGS = frozenset((
+    "x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
+    "x-max-length", "x-max-length-bytes", "x-max-in-memory-length", "x-max-in-memory-bytes",
+    "x-max-priority", "x-overflow", "x-queue-mode", "x-queue-version",
+    "x-single-active-consumer", "x-queue-type", "x-queue-master-locator",
+))
 
 
 class QueueArgs:
@@ -129,6 +140,12 @@ def validate_queue(
                 raise _invalid(key, name, vhost, f"{{value_negative,{value}}}")
             if value == 0 and key == "x-expires":
                 raise _invalid(key, name, vhost, "{value_zero,0}")
+            if value > _MAX_EXPIRY_MS and key in ("x-message-ttl", "x-expires"):
+                raise _invalid(key, name, vhost, f"{{value_too_large,{value}}}")
+    version = arguments.get("x-queue-version")
+    if version is not None and (not _is_int(version) or version not in _QUEUE_VERSIONS):
+        raise _invalid("x-queue-version", name, vhost,
+                       f"\"unsupported queue version '{version}'\"")
     for key in _STR_ARGS:
         if key in arguments:
             value = arguments[key]

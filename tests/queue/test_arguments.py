@@ -44,6 +44,10 @@ def refused(conn, name: str, arguments: dict, **kw) -> tuple[int, str]:
     ({"x-max-length": -1}, "{value_negative,-1}"),
     ({"x-overflow": "nope"}, "invalid_overflow"),
     ({"x-dead-letter-routing-key": "a"}, "routing_key_but_no_dlx_defined"),
+    ({"x-message-ttl": 2**32}, "{value_too_large,4294967296}"),
+    ({"x-expires": 2**32}, "{value_too_large,4294967296}"),
+    ({"x-queue-mode": "bogus"}, "\"unsupported queue mode 'bogus'\""),
+    ({"x-queue-version": 3}, "\"unsupported queue version '3'\""),
 ])
 def test_invalid_queue_arguments_are_406(conn, arguments, detail):
     name = f"args-{next(_n)}"
@@ -51,6 +55,17 @@ def test_invalid_queue_arguments_are_406(conn, arguments, detail):
     assert refused(conn, name, arguments) == (
         406, f"PRECONDITION_FAILED - invalid arg '{key}' for queue '{name}' in vhost '/': {detail}"
     )
+
+
+def test_redeclare_compares_only_the_arguments_rabbitmq_knows(conn):
+    """An unknown argument is kept but not compared; a known one is (406)."""
+    name = f"args-{next(_n)}"
+    ch = conn.channel()
+    ch.queue_declare(name, exclusive=True, arguments={"x-made-up": "a", "x-max-length": 5})
+    ch.queue_declare(name, exclusive=True, arguments={"x-made-up": "b", "x-max-length": 5})
+    with pytest.raises(ChannelClosedByBroker) as err:
+        ch.queue_declare(name, exclusive=True, arguments={"x-max-length": 6})
+    assert err.value.reply_code == 406 and "x-max-length" in err.value.reply_text
 
 
 @pytest.mark.parametrize("value", [0, 1, 10, 255])
