@@ -1,14 +1,14 @@
 """hare-server: run the broker in the foreground (the docker way).
 
 SIGTERM/SIGINT stop it in order: stop accepting, close clients with 320 CONNECTION_FORCED,
-flush the stores, exit 0. A configuration error, a port in use or an unwritable data
-directory is one clear line on stderr and a non-zero exit, never a traceback."""
+flush the stores, exit 0. A configuration error, a port in use, a certificate that cannot be
+read or an unwritable data directory is one clear line on stderr and a non-zero exit, never a
+traceback."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import fcntl
 import os
 import signal
@@ -24,26 +24,30 @@ __all__ = ["main", "run"]
 
 log = structlog.get_logger("hare.cli")
 
+_BANNERS = {"amqp": "hare-server", "http": "hare-management", "amqp/ssl": "hare-server amqps",
+            "https": "hare-management https"}
+
 
 async def run(settings: Settings, ready: asyncio.Event | None = None) -> int:
     from broker.node import Node
+    from broker.server.listener import ListenerError
+    from broker.server.tls import TlsError
 
     node = Node(settings)
     try:
         await node.start()
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            print(f"hare-server: port {settings.port} is already in use", file=sys.stderr)
-        else:
-            print(f"hare-server: cannot listen on port {settings.port}: {exc}", file=sys.stderr)
+    except (ListenerError, TlsError) as exc:
+        print(f"hare-server: {exc}", file=sys.stderr)
         return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    # tests and supervisors read the bound port from here when --port 0 was asked for
-    print(f"hare-server listening on port {node.port}", flush=True)
+    # tests and supervisors read the bound ports from here when port 0 was asked for; the
+    # AMQP line always comes first, then management HTTP, AMQPS, management HTTPS when on
+    for listener in node.listeners:
+        print(f"{_BANNERS[listener.protocol]} listening on port {listener.port}", flush=True)
     if ready is not None:
         ready.set()
     await stop.wait()

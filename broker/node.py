@@ -17,7 +17,8 @@ from broker.flow.disk_monitor import DiskMonitor
 from broker.flow.memory_monitor import MemoryMonitor
 from broker.flow.memory_pressure import QueueLoad, ram_targets
 from broker.server.direct_reply import ReplyRegistry
-from broker.server.listener import start_listeners
+from broker.server.listener import Listener, bind, close_all, serve_amqp, stop_accepting
+from broker.server.tls import tls_context
 from broker.vhost import VHost
 
 if TYPE_CHECKING:
@@ -33,10 +34,14 @@ class Node:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.name = f"hare@{socket.gethostname()}"
-        self.auth = Auth(settings.loopback_users)
+        self.auth = Auth(
+            settings.loopback_users,
+            mechanisms=settings.auth_mechanisms,
+            cert_login_from=settings.ssl_cert_login_from,
+        )
         self.vhosts: dict[str, VHost] = {}
         self.connections: set[Reader] = set()
-        self.servers: list[asyncio.Server] = []
+        self.listeners: list[Listener] = []  # AMQP first, then HTTP, AMQPS, HTTPS when on
         self.reply_registry = ReplyRegistry()  # direct reply-to names, across connections
         self.alarms = Alarms()
         self.alarms.subscribe(self._alarm_changed)
@@ -52,7 +57,7 @@ class Node:
         )
         self.durable: Durable | None = None
         self.port = settings.port
-        self.management: ManagementServer | None = None  # broker/mgmt, when the port is not 0
+        self.management: ManagementServer | None = None  # broker/mgmt, when HTTP(S) is on
 
     # -- set-up -----------------------------------------------------------------------------
     def add_vhost(self, name: str) -> VHost:
@@ -65,37 +70,57 @@ class Node:
         return vhost
 
     async def start(self) -> None:
-        self.durable = Durable(self)
-        await self.durable.start()
-        self.memory_monitor.start()
-        self.disk_monitor.start()
-        self.servers = await start_listeners(self, self.settings.host, self.settings.port)
-        sock = self.servers[0].sockets[0]
-        self.port = sock.getsockname()[1]
-        log.info("broker started", node=self.name, port=self.port, host=self.settings.host or "*")
-        # -- management hook (broker/mgmt owns this block) --
-        if self.settings.management_port:
-            from broker.mgmt import start_management
+        """Bind every listener (TLS files read first), recover, then serve them all: a port
+        that is taken or a certificate that cannot be read stops start-up before any
+        connection is accepted (ListenerError, TlsError)."""
+        listeners = self._bind_listeners()
+        try:
+            self.durable = Durable(self)
+            await self.durable.start()
+            self.memory_monitor.start()
+            self.disk_monitor.start()
+            for listener in listeners:
+                if listener.protocol in ("amqp", "amqp/ssl"):
+                    await serve_amqp(self, listener)
+            web = [x for x in listeners if x.protocol in ("http", "https")]
+            if web:  # the management plugin (broker/mgmt) serves its own listeners
+                from broker.mgmt import start_management
 
-            port = self.settings.management_port
-            try:
-                self.management = await start_management(
-                    self, self.settings.management_host, port
-                )
-            except OSError as exc:  # no errno: hare-server's message must not blame the AMQP port
-                raise OSError(f"management port {port}: {exc.strerror or exc}") from exc
-            line = f"hare-management listening on port {self.management.port}"
-            # printed after hare-server's own "listening on port" line, which harnesses read first
-            asyncio.get_running_loop().call_soon(lambda: print(line, flush=True))
-        # -- end of management hook --
+                self.management = await start_management(self, web)
+        except BaseException:
+            close_all(listeners)
+            raise
+        self.listeners = listeners
+        log.info("broker started", node=self.name,
+                 listeners={x.protocol: x.port for x in listeners}, host=self.settings.host or "*")
+
+    def _bind_listeners(self) -> list[Listener]:
+        s = self.settings
+        amqps = tls_context(s, "ssl")
+        https = tls_context(s, "management_ssl")
+        wanted = [("amqp", s.host, s.port, None)]
+        if s.management_port:
+            wanted.append(("http", s.management_host, s.management_port, None))
+        if amqps is not None:
+            wanted.append(("amqp/ssl", s.host, s.ssl_port, amqps))
+        if https is not None:
+            wanted.append(("https", s.management_host, s.management_ssl_port, https))
+        listeners: list[Listener] = []
+        try:
+            for protocol, host, port, tls in wanted:
+                listeners.append(bind(protocol, host, port, tls))
+        except BaseException:
+            close_all(listeners)
+            raise
+        self.port = listeners[0].port
+        return listeners
 
     async def stop(self, reason: str = "broker shutdown") -> None:
         """Stop accepting, close clients with 320, stop queues; the stores flush last."""
-        if self.management is not None:  # management hook: stop the HTTP API first
+        if self.management is not None:  # the HTTP API stops first
             await self.management.stop()
             self.management = None
-        for server in self.servers:
-            server.close()
+        servers = stop_accepting(self.listeners)
         await self.memory_monitor.stop()
         await self.disk_monitor.stop()
         for conn in list(self.connections):
@@ -104,7 +129,7 @@ class Node:
             await asyncio.sleep(0.2)  # let close frames go out; close-ok is not awaited long
         for conn in list(self.connections):
             conn._close_transport()
-        for server in self.servers:
+        for server in servers:
             await server.wait_closed()
         for vhost in self.vhosts.values():
             vhost.stop()

@@ -10,22 +10,28 @@ from broker.config.passwords import check_password, hash_password, is_password_h
 from broker.config.settings import Settings, env_name, flag_name
 from broker.config.sizes import parse_size
 from broker.config.values import (
+    CertLoginFrom,
     Fsync,
     LogFormat,
     MemoryWatermark,
     PermissionSpec,
+    SslVerify,
+    TlsVersion,
     Unroutable,
     UserSpec,
 )
 
 __all__ = [
     "CONFIG_ENV",
+    "CertLoginFrom",
     "ConfigError",
     "Fsync",
     "LogFormat",
     "MemoryWatermark",
     "PermissionSpec",
     "Settings",
+    "SslVerify",
+    "TlsVersion",
     "Unroutable",
     "UserSpec",
     "build_arg_parser",

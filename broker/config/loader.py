@@ -12,7 +12,7 @@ import difflib
 import os
 import sys
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -53,6 +53,8 @@ def _shown_default(f: dataclasses.Field[Any]) -> str:
     if f.metadata["secret"]:
         return "set"
     value = f.default
+    if value is None:
+        return "unset"
     if isinstance(value, tuple):
         return ",".join(str(item) for item in value) or "none"
     return repr(value) if value == "" else str(value)
@@ -163,6 +165,15 @@ def _check_together(values: dict[str, Any], origin: dict[str, str]) -> None:
             f"{said('credit_flow_more_credit_after')} must not exceed "
             f"{said('credit_flow_initial_credit')}"
         )
+    for prefix in ("ssl", "management_ssl"):
+        _check_tls(prefix, values, said)
+    if "EXTERNAL" in values["auth_mechanisms"] and (
+        values["ssl_certfile"] is None or values["ssl_verify"] != "verify_peer"
+    ):
+        raise ConfigError(
+            f"{said('auth_mechanisms')}: EXTERNAL needs the AMQPS listener with client "
+            "certificates: set ssl_certfile, ssl_cacertfile and ssl_verify = \"verify_peer\""
+        )
     user_names = {values["default_user"], *(user.name for user in values["users"])}
     vhost_names = {values["default_vhost"], *values["vhosts"]}
     for index, permission in enumerate(values["permissions"]):
@@ -171,6 +182,26 @@ def _check_together(values: dict[str, Any], origin: dict[str, str]) -> None:
             raise ConfigError(f"{where}: user {permission.user!r} is not declared in users")
         if permission.vhost not in vhost_names:
             raise ConfigError(f"{where}: vhost {permission.vhost!r} is not declared in vhosts")
+
+
+def _check_tls(prefix: str, values: dict[str, Any], said: Callable[[str], str]) -> None:
+    """A listener's TLS keys must make sense together (whether the files exist and hold
+    certificates is checked when the broker starts: they are read there)."""
+    certfile = f"{prefix}_certfile"
+    if values[certfile] is None:
+        for key in ("keyfile", "cacertfile"):
+            if values[f"{prefix}_{key}"] is not None:
+                raise ConfigError(f"{said(f'{prefix}_{key}')} is set but {said(certfile)} is not")
+        return
+    if values[f"{prefix}_verify"] == "verify_peer" and values[f"{prefix}_cacertfile"] is None:
+        raise ConfigError(
+            f"{said(f'{prefix}_verify')} is verify_peer: it needs {said(f'{prefix}_cacertfile')}"
+        )
+    if values[f"{prefix}_fail_if_no_peer_cert"] and values[f"{prefix}_verify"] != "verify_peer":
+        raise ConfigError(
+            f"{said(f'{prefix}_fail_if_no_peer_cert')} needs {prefix}_verify = verify_peer, "
+            f"but {said(f'{prefix}_verify')} is {values[f'{prefix}_verify']}"
+        )
 
 
 def load_settings(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:

@@ -14,11 +14,14 @@ from typing import Any
 
 from broker.config import values as v
 from broker.config.values import (
+    CertLoginFrom,
     Fsync,
     LogFormat,
     MemoryWatermark,
     Parser,
     PermissionSpec,
+    SslVerify,
+    TlsVersion,
     Unroutable,
     UserSpec,
 )
@@ -46,6 +49,45 @@ class Settings:
     )
     port: int = field(
         default=5672, metadata=_m(v.int_value(0, 65535), "AMQP listener port (0: any free port)")
+    )
+    # AMQPS: RabbitMQ's listeners.ssl and ssl_options; the listener is on when ssl_certfile is set
+    ssl_port: int = field(
+        default=5671,
+        metadata=_m(
+            v.int_value(0, 65535),
+            "AMQPS (AMQP over TLS) port, used when ssl_certfile is set (0: any free port)",
+        ),
+    )
+    ssl_certfile: Path | None = field(
+        default=None,
+        metadata=_m(v.optional_path_value, "PEM server certificate (chain); turns AMQPS on"),
+    )
+    ssl_keyfile: Path | None = field(
+        default=None,
+        metadata=_m(v.optional_path_value, "PEM private key of ssl_certfile (unset: in it)"),
+    )
+    ssl_cacertfile: Path | None = field(
+        default=None,
+        metadata=_m(v.optional_path_value, "PEM CA certificates that client certificates chain to"),
+    )
+    ssl_verify: SslVerify = field(
+        default=SslVerify.VERIFY_NONE,
+        metadata=_m(
+            v.choice_value(SslVerify),
+            "verify_peer: ask clients for a certificate and check it; verify_none: don't",
+        ),
+    )
+    ssl_fail_if_no_peer_cert: bool = field(
+        default=False,
+        metadata=_m(v.bool_value, "with verify_peer, refuse a client that sends no certificate"),
+    )
+    ssl_min_version: TlsVersion = field(
+        default=TlsVersion.TLS1_2,
+        metadata=_m(v.choice_value(TlsVersion), "oldest TLS version accepted: tlsv1.2 or tlsv1.3"),
+    )
+    ssl_handshake_timeout_s: float = field(
+        default=5.0,
+        metadata=_m(v.float_value(0, lo_open=True), "time a client has for the TLS handshake"),
     )
     data_dir: Path = field(
         default=Path("./data"),
@@ -87,6 +129,20 @@ class Settings:
         metadata=_m(
             v.string_list_value,
             "users that may only connect from localhost (comma-separated in env and flags)",
+        ),
+    )
+    auth_mechanisms: tuple[str, ...] = field(
+        default=("PLAIN", "AMQPLAIN"),
+        metadata=_m(
+            v.mechanisms_value,
+            "SASL mechanisms offered: PLAIN, AMQPLAIN, EXTERNAL (client certificate, AMQPS only)",
+        ),
+    )
+    ssl_cert_login_from: CertLoginFrom = field(
+        default=CertLoginFrom.COMMON_NAME,
+        metadata=_m(
+            v.choice_value(CertLoginFrom),
+            "EXTERNAL's user name: the certificate's common_name or distinguished_name",
         ),
     )
     users: tuple[UserSpec, ...] = field(
@@ -185,6 +241,38 @@ class Settings:
     management_port: int = field(
         default=15672,
         metadata=_m(v.int_value(0, 65535), "management HTTP port (0: management off)"),
+    )
+    # management HTTPS: RabbitMQ's management.ssl.*; on when management_ssl_certfile is set
+    management_ssl_port: int = field(
+        default=15671,
+        metadata=_m(
+            v.int_value(0, 65535),
+            "management HTTPS port, used when management_ssl_certfile is set (0: any free port)",
+        ),
+    )
+    management_ssl_certfile: Path | None = field(
+        default=None,
+        metadata=_m(v.optional_path_value, "PEM certificate of the HTTPS listener; turns it on"),
+    )
+    management_ssl_keyfile: Path | None = field(
+        default=None,
+        metadata=_m(v.optional_path_value, "PEM private key of management_ssl_certfile"),
+    )
+    management_ssl_cacertfile: Path | None = field(
+        default=None,
+        metadata=_m(v.optional_path_value, "PEM CA certificates for HTTPS client certificates"),
+    )
+    management_ssl_verify: SslVerify = field(
+        default=SslVerify.VERIFY_NONE,
+        metadata=_m(v.choice_value(SslVerify), "verify_peer or verify_none, as ssl_verify"),
+    )
+    management_ssl_fail_if_no_peer_cert: bool = field(
+        default=False,
+        metadata=_m(v.bool_value, "with verify_peer, refuse an HTTPS client without certificate"),
+    )
+    management_ssl_min_version: TlsVersion = field(
+        default=TlsVersion.TLS1_2,
+        metadata=_m(v.choice_value(TlsVersion), "oldest TLS version of the HTTPS listener"),
     )
     # semantics
     unroutable: Unroutable = field(

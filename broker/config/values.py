@@ -20,11 +20,15 @@ from broker.config.passwords import hash_password, is_password_hash
 from broker.config.sizes import parse_size
 
 __all__ = [
+    "AUTH_MECHANISMS",
+    "CertLoginFrom",
     "Fsync",
     "LogFormat",
     "MemoryWatermark",
     "Parser",
     "PermissionSpec",
+    "SslVerify",
+    "TlsVersion",
     "Unroutable",
     "UserSpec",
 ]
@@ -51,6 +55,31 @@ class Unroutable(StrEnum):
 
     ACK = "ack"  # RabbitMQ's behaviour
     NACK = "nack"  # Hare's stricter option
+
+
+class SslVerify(StrEnum):
+    """ssl_options.verify: whether a listener asks for and checks a client certificate."""
+
+    VERIFY_NONE = "verify_none"
+    VERIFY_PEER = "verify_peer"
+
+
+class TlsVersion(StrEnum):
+    """The oldest TLS version a listener accepts (RabbitMQ's names for them)."""
+
+    TLS1_2 = "tlsv1.2"
+    TLS1_3 = "tlsv1.3"
+
+
+class CertLoginFrom(StrEnum):
+    """ssl_cert_login_from: which part of a client certificate EXTERNAL takes as user name."""
+
+    COMMON_NAME = "common_name"
+    DISTINGUISHED_NAME = "distinguished_name"  # RFC 4514, e.g. "CN=alice,O=Example"
+
+
+# The SASL mechanisms the broker knows; auth_mechanisms picks the ones offered.
+AUTH_MECHANISMS = ("PLAIN", "AMQPLAIN", "EXTERNAL")
 
 
 @dataclass(frozen=True)
@@ -180,6 +209,21 @@ def log_level_value(value: object, from_text: bool) -> str:
     return level
 
 
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+def bool_value(value: object, from_text: bool) -> bool:
+    if from_text and isinstance(value, str):
+        text = value.strip().lower()
+        if text in _TRUE or text in _FALSE:
+            return text in _TRUE
+        raise ValueError(f"expected true or false, got {value!r}")
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {_type_name(value)} {value!r}")
+    return value
+
+
 def string_value(value: object, from_text: bool) -> str:
     # The value is never echoed: this parser also reads passwords.
     if not isinstance(value, str):
@@ -198,6 +242,12 @@ def path_value(value: object, from_text: bool) -> Path:
     return Path(nonempty_string_value(value, from_text)).expanduser()
 
 
+def optional_path_value(value: object, from_text: bool) -> Path | None:
+    """A path, or None for the empty string (how an environment variable or flag unsets it)."""
+    text = string_value(value, from_text)
+    return Path(text).expanduser() if text else None
+
+
 def _string_list(value: object, from_text: bool) -> tuple[str, ...]:
     if from_text and isinstance(value, str):
         # Comma-separated in env and flags; "" is the empty list.
@@ -213,6 +263,17 @@ def string_list_value(value: object, from_text: bool) -> tuple[str, ...]:
     if duplicates:
         raise ValueError(f"duplicate entries {duplicates}")
     return items
+
+
+def mechanisms_value(value: object, from_text: bool) -> tuple[str, ...]:
+    items = string_list_value(value, from_text)
+    names = tuple(item.upper() for item in items)
+    unknown = [item for item, name in zip(items, names, strict=True) if name not in AUTH_MECHANISMS]
+    if unknown:
+        raise ValueError(f"unknown mechanism {unknown[0]!r} (known: {', '.join(AUTH_MECHANISMS)})")
+    if not names:
+        raise ValueError("must name at least one mechanism")
+    return names
 
 
 def watermark_value(value: object, from_text: bool) -> MemoryWatermark:

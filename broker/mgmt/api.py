@@ -118,13 +118,8 @@ async def overview(request: web.Request) -> web.Response:
     for key in ("publish", "confirm", "return_unroutable", "deliver_get", "ack", "redeliver"):
         message_stats[key] = totals[key]
         message_stats[f"{key}_details"] = details(stats.node_rate(key))
-    listeners = [{"node": node.name, "protocol": "amqp", "ip_address": node.settings.host or "::",
-                  "port": node.port}]
-    server = getattr(node, "management", None)
-    if server is not None:
-        listeners.append({"node": node.name, "protocol": "http",
-                          "ip_address": node.settings.management_host or "::",
-                          "port": server.port})
+    listeners = [{"node": node.name, "protocol": x.protocol, "ip_address": x.host or "::",
+                  "port": x.port} for x in node.listeners]
     return json_response({
         "management_version": __version__,
         "rates_mode": "basic",

@@ -66,12 +66,8 @@ def _alarms_check(reason: str) -> Callable[[web.Request], Awaitable[web.Response
 
 
 def listening_ports(node: Node) -> list[int]:
-    """Every port the node accepts connections on: AMQP listeners and the management one."""
-    ports = [int(sock.getsockname()[1])
-             for server in node.servers for sock in (server.sockets or ())]
-    if node.management is not None:
-        ports.append(node.management.port)
-    return sorted(set(ports))
+    """Every port the node accepts connections on: AMQP, management HTTP, AMQPS, HTTPS."""
+    return sorted({listener.port for listener in node.listeners})
 
 
 async def port_listener_check(request: web.Request) -> web.Response:

@@ -28,6 +28,7 @@ from broker.protocol.errors import AMQPError
 if TYPE_CHECKING:
     from broker.auth import User
     from broker.node import Node
+    from broker.server.listener import Listener
 
 __all__ = [
     "NODE",
@@ -184,13 +185,11 @@ async def _page(request: web.Request) -> web.StreamResponse:
 
 
 class ManagementServer:
-    """A running listener; `port` is the bound one (useful when 0 was asked for)."""
+    """The running HTTP and/or HTTPS listeners of the API."""
 
     def __init__(self, runner: web.AppRunner, stats: Stats) -> None:
         self._runner = runner
         self.stats = stats
-        addresses = runner.addresses
-        self.port: int = int(addresses[0][1]) if addresses else 0
 
     async def stop(self) -> None:
         await self.stats.stop()
@@ -215,20 +214,24 @@ def build_app(node: Node, stats: Stats) -> web.Application:
     return app
 
 
-async def start_management(node: Node, host: str, port: int,
+async def start_management(node: Node, listeners: list[Listener],
                            *, sample_interval: float = SAMPLE_INTERVAL_S) -> ManagementServer:
+    """Serve the API on listeners the node has bound (HTTP, and HTTPS when one has TLS)."""
     stats = Stats(node, sample_interval)
     app = build_app(node, stats)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    # a short shutdown grace: open HTTP requests must not hold up the broker's stop
-    site = web.TCPSite(runner, host or None, port, reuse_address=True, shutdown_timeout=2.0)
     try:
-        await site.start()
+        for listener in listeners:
+            for sock in listener.sockets:
+                # a short shutdown grace: open HTTP requests must not hold up the broker's stop
+                site = web.SockSite(runner, sock, shutdown_timeout=2.0, ssl_context=listener.tls)
+                await site.start()
     except BaseException:
         await runner.cleanup()
         raise
     stats.start()
-    server = ManagementServer(runner, stats)
-    log.info("management listener started", port=server.port, host=host or "*")
-    return server
+    for listener in listeners:
+        log.info("management listener started", protocol=listener.protocol, port=listener.port,
+                 host=listener.host or "*")
+    return ManagementServer(runner, stats)

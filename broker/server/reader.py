@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import itertools
+import ssl
 import struct
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ import structlog
 from pamqp import commands
 
 from broker import __version__
+from broker.auth import LoginRefused
 from broker.flow.alarm import blocked_reason
 from broker.flow.credit_flow import CreditFlow
 from broker.protocol import frames
@@ -87,6 +89,7 @@ class Reader(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.writer: Writer = None  # type: ignore[assignment]  # set in connection_made
         self.peer = ("?", 0)
+        self.tls: ssl.SSLObject | None = None  # an AMQPS connection's TLS session
         self.user = ""
         self.vhost: VHost = None  # type: ignore[assignment]
         self.permissions: Permissions | None = None
@@ -131,6 +134,7 @@ class Reader(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = (peer[0], peer[1])
+        self.tls = transport.get_extra_info("ssl_object")
         self.node.connection_opened(self)
         self._timer = self.loop.call_later(
             self.settings.handshake_timeout_s, self._handshake_timeout
@@ -234,7 +238,7 @@ class Reader(asyncio.Protocol):
                     "cluster_name": self.node.name,
                     "capabilities": SERVER_CAPABILITIES,
                 },
-                mechanisms="PLAIN AMQPLAIN",
+                mechanisms=self.node.auth.offered(self.tls is not None),
                 locales="en_US",
             )
         )
@@ -299,11 +303,12 @@ class Reader(asyncio.Protocol):
         self.client_properties = m.client_properties or {}
         try:
             self.user = self.node.auth.authenticate(
-                m.mechanism, m.response, loopback=self._is_loopback()
+                m.mechanism, m.response, loopback=self._is_loopback(), tls=self.tls
             )
         except AMQPError as exc:
+            reason = exc.detail if isinstance(exc, LoginRefused) else exc.text
             log.warning(
-                "authentication failed", peer=self._peer(), mechanism=m.mechanism, reason=exc.text
+                "authentication failed", peer=self._peer(), mechanism=m.mechanism, reason=reason
             )
             exc.method = (0, 0)  # as RabbitMQ's close for a refused login
             self.connection_error(exc)

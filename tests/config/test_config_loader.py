@@ -10,12 +10,15 @@ import pytest
 
 from broker.config import (
     CONFIG_ENV,
+    CertLoginFrom,
     ConfigError,
     Fsync,
     LogFormat,
     MemoryWatermark,
     PermissionSpec,
     Settings,
+    SslVerify,
+    TlsVersion,
     Unroutable,
     build_arg_parser,
     check_password,
@@ -344,3 +347,52 @@ def test_check_command_bad_value_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert done.stdout == ""
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert "HARE_PORT" in done.stderr and "'eighty'" in done.stderr
+
+
+def test_tls_keys_from_file_env_and_flags(tmp_path: Path) -> None:
+    config = write(tmp_path, """
+ssl_certfile = "/etc/hare/server.pem"
+ssl_cacertfile = "/etc/hare/ca.pem"
+ssl_verify = "verify_peer"
+ssl_fail_if_no_peer_cert = true
+auth_mechanisms = ["PLAIN", "external"]
+""")
+    env = {"HARE_SSL_MIN_VERSION": "TLSv1.3", "HARE_SSL_KEYFILE": "/etc/hare/key.pem"}
+    argv = ["--config", str(config), "--ssl-cert-login-from", "distinguished_name",
+            "--management-ssl-certfile", "/etc/hare/web.pem",
+            "--management-ssl-fail-if-no-peer-cert", "no"]
+    s = load_settings(argv, env)
+    assert s.ssl_certfile == Path("/etc/hare/server.pem")
+    assert s.ssl_keyfile == Path("/etc/hare/key.pem")
+    assert s.ssl_verify is SslVerify.VERIFY_PEER and s.ssl_fail_if_no_peer_cert is True
+    assert s.ssl_min_version is TlsVersion.TLS1_3
+    assert s.auth_mechanisms == ("PLAIN", "EXTERNAL")
+    assert s.ssl_cert_login_from is CertLoginFrom.DISTINGUISHED_NAME
+    assert s.management_ssl_certfile == Path("/etc/hare/web.pem")
+    assert s.management_ssl_fail_if_no_peer_cert is False
+    # an empty variable or flag unsets a file given in the file: the listener goes off again
+    web = write(tmp_path, 'management_ssl_certfile = "/etc/hare/web.pem"', "web.toml")
+    unset = load_settings(["--config", str(web)], {"HARE_MANAGEMENT_SSL_CERTFILE": ""})
+    assert unset.management_ssl_certfile is None
+
+
+@pytest.mark.parametrize(("argv", "must_name"), [
+    (["--ssl-keyfile", "/k.pem"], ["ssl_keyfile", "ssl_certfile"]),
+    (["--management-ssl-cacertfile", "/ca.pem"],
+     ["management_ssl_cacertfile", "management_ssl_certfile"]),
+    (["--ssl-certfile", "/c.pem", "--ssl-verify", "verify_peer"],
+     ["ssl_verify", "ssl_cacertfile"]),
+    (["--ssl-certfile", "/c.pem", "--ssl-fail-if-no-peer-cert", "true"],
+     ["ssl_fail_if_no_peer_cert", "verify_peer"]),
+    (["--ssl-fail-if-no-peer-cert", "maybe"], ["--ssl-fail-if-no-peer-cert", "true or false"]),
+    (["--ssl-min-version", "tlsv1.1"], ["--ssl-min-version", "tlsv1.2"]),
+    (["--auth-mechanisms", "PLAIN,CRAM-MD5"], ["--auth-mechanisms", "CRAM-MD5"]),
+    (["--auth-mechanisms", ""], ["--auth-mechanisms", "at least one"]),
+    (["--auth-mechanisms", "PLAIN,EXTERNAL"], ["auth_mechanisms", "ssl_certfile", "verify_peer"]),
+    (["--auth-mechanisms", "EXTERNAL", "--ssl-certfile", "/c.pem"],
+     ["auth_mechanisms", "verify_peer"]),
+])
+def test_tls_keys_that_do_not_fit_together(argv: list[str], must_name: list[str]) -> None:
+    message = error_of(argv)
+    for word in must_name:
+        assert word in message, (word, message)
