@@ -240,8 +240,13 @@ class AmqpClient(asyncio.Protocol):
 
 async def connect(url: BrokerUrl, timeout: float = 30.0, timestamps: bool = True) -> AmqpClient:
     loop = asyncio.get_running_loop()
+    tls = url.ssl_context()
     transport, client = await asyncio.wait_for(
-        loop.create_connection(lambda: AmqpClient(timestamps), url.host, url.port), timeout
+        loop.create_connection(
+            lambda: AmqpClient(timestamps), url.host, url.port, ssl=tls,
+            server_hostname=url.host if tls is not None else None,
+        ),
+        timeout,
     )
     if client.transport is None:  # uvloop may call connection_made only on the next tick
         client.connection_made(transport)

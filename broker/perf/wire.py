@@ -4,9 +4,10 @@ which only the send timestamps are patched before each write. Bytes only; no asy
 
 from __future__ import annotations
 
+import ssl
 import struct
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pamqp import base, commands
 from pamqp import frame as pamqp_frame
@@ -39,24 +40,54 @@ class BrokerUrl:
     user: str
     password: str
     vhost: str
+    tls: bool = False  # amqps://
+    cacertfile: str = ""  # trust these CAs and check the broker's certificate
+    certfile: str = ""  # present this client certificate (keyfile: its key)
+    keyfile: str = ""
 
     def redacted(self) -> str:
         vhost = "" if self.vhost == "/" else self.vhost
-        return f"amqp://{self.user}@{self.host}:{self.port}/{vhost}"
+        scheme = "amqps" if self.tls else "amqp"
+        return f"{scheme}://{self.user}@{self.host}:{self.port}/{vhost}"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The client side of TLS for amqps://, None for amqp://. Without cacertfile the
+        broker's certificate is not checked (a load generator measures, it does not trust)."""
+        if not self.tls:
+            return None
+        ctx = ssl.create_default_context(cafile=self.cacertfile or None)
+        if not self.cacertfile:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if self.certfile:
+            ctx.load_cert_chain(self.certfile, self.keyfile or None)
+        return ctx
+
+
+_TLS_QUERY = ("cacertfile", "certfile", "keyfile")
 
 
 def parse_url(url: str) -> BrokerUrl:
-    """amqp://user:pass@host:port/vhost; an empty path means vhost "/" (RabbitMQ's rule)."""
+    """amqp://user:pass@host:port/vhost or amqps://...?cacertfile=&certfile=&keyfile= (the
+    RabbitMQ URI query keys); an empty path means vhost "/" (RabbitMQ's rule)."""
     parts = urlsplit(url)
-    if parts.scheme != "amqp":
-        raise ValueError(f"only amqp:// URLs are supported, got {url!r}")
+    if parts.scheme not in ("amqp", "amqps"):
+        raise ValueError(f"only amqp:// and amqps:// URLs are supported, got {url!r}")
+    tls = parts.scheme == "amqps"
+    query = dict(parse_qsl(parts.query))
+    unknown = sorted(set(query) - set(_TLS_QUERY))
+    if unknown or (query and not tls):
+        raise ValueError(f"unsupported URL query {parts.query!r}: amqps:// takes "
+                         f"{', '.join(_TLS_QUERY)}")
     path = parts.path[1:] if parts.path.startswith("/") else parts.path
     return BrokerUrl(
         host=parts.hostname or "127.0.0.1",
-        port=parts.port or 5672,
+        port=parts.port or (5671 if tls else 5672),
         user=unquote(parts.username or "guest"),
         password=unquote(parts.password or "guest"),
         vhost=unquote(path) if path else "/",
+        tls=tls,
+        **query,
     )
 
 
