@@ -17,7 +17,14 @@ from broker.flow.disk_monitor import DiskMonitor
 from broker.flow.memory_monitor import MemoryMonitor
 from broker.flow.memory_pressure import QueueLoad, ram_targets
 from broker.server.direct_reply import ReplyRegistry
-from broker.server.listener import Listener, bind, close_all, serve_amqp, stop_accepting
+from broker.server.listener import (
+    Listener,
+    bind,
+    close_all,
+    listen_all,
+    serve_amqp,
+    stop_accepting,
+)
 from broker.server.tls import tls_context
 from broker.vhost import VHost
 
@@ -70,15 +77,16 @@ class Node:
         return vhost
 
     async def start(self) -> None:
-        """Bind every listener (TLS files read first), recover, then serve them all: a port
-        that is taken or a certificate that cannot be read stops start-up before any
-        connection is accepted (ListenerError, TlsError)."""
+        """Bind every listener (TLS files read first), recover, listen on all, then serve
+        them all: a port that is taken or a certificate that cannot be read stops start-up
+        before any connection is accepted (ListenerError, TlsError)."""
         listeners = self._bind_listeners()
         try:
             self.durable = Durable(self)
             await self.durable.start()
             self.memory_monitor.start()
             self.disk_monitor.start()
+            listen_all(listeners)
             for listener in listeners:
                 if listener.protocol in ("amqp", "amqp/ssl"):
                     await serve_amqp(self, listener)

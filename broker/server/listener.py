@@ -1,8 +1,9 @@
 """The listeners: AMQP, AMQPS and the management's HTTP and HTTPS.
 
-Start-up binds every listener's sockets first and only then lets any of them listen, so a port
-that is taken stops the broker before it has accepted a single connection, with a message that
-names the listener that failed. An empty host means all interfaces, IPv4 and IPv6, as RabbitMQ."""
+Start-up binds every listener's sockets first (before recovery), listens on all of them once
+the broker is ready, and only then accepts on any, so a port that is taken stops the broker
+before it has accepted a single connection, with a message that names the listener that
+failed. An empty host means all interfaces, IPv4 and IPv6, as RabbitMQ."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ __all__ = [
     "ListenerError",
     "bind",
     "close_all",
+    "listen_all",
     "serve_amqp",
     "stop_accepting",
 ]
@@ -108,15 +110,33 @@ def bind(protocol: str, host: str, port: int, tls: ssl.SSLContext | None = None)
                 log.info("IPv6 listener unavailable", listener=protocol, error=str(exc))
                 continue
             close_all([listener])
-            if exc.errno == errno.EADDRINUSE:
-                raise ListenerError(f"{listener.what} port {port} is already in use") from None
-            raise ListenerError(
-                f"cannot listen on {listener.what} port {port}"
-                f"{f' (host {address})' if host else ''}: {_reason(exc)}"
-            ) from None
+            listener.port = port  # name the port that was asked for
+            raise _bind_error(listener, exc, address if host else "") from None
         listener.sockets.append(sock)
         listener.port = sock.getsockname()[1]  # port 0: the rest bind the port picked here
     return listener
+
+
+def listen_all(listeners: list[Listener]) -> None:
+    """Listen on every bound socket, accepting nothing yet. Binding alone cannot see every
+    clash: Linux lets two SO_REUSEADDR sockets bind one port while neither listens (two
+    listeners given the same port, or a broker starting beside another), so the clash shows
+    here, still before any listener has accepted a connection."""
+    for listener in listeners:
+        for sock in listener.sockets:
+            try:
+                sock.listen(BACKLOG)
+            except OSError as exc:
+                close_all(listeners)
+                raise _bind_error(listener, exc, "") from None
+
+
+def _bind_error(listener: Listener, exc: OSError, address: str) -> ListenerError:
+    if exc.errno == errno.EADDRINUSE:
+        return ListenerError(f"{listener.what} port {listener.port} is already in use")
+    where = f" (host {address})" if address else ""
+    return ListenerError(f"cannot listen on {listener.what} port {listener.port}{where}: "
+                         f"{_reason(exc)}")
 
 
 def _reason(exc: OSError) -> str:
@@ -138,7 +158,6 @@ async def serve_amqp(node: Node, listener: Listener) -> None:
     loop = asyncio.get_running_loop()
     if listener.tls is not None:
         for sock in listener.sockets:
-            sock.listen(BACKLOG)
             task = loop.create_task(_accept_tls(node, listener, sock))
             listener.acceptors.append(task)
         return

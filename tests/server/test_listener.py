@@ -122,3 +122,12 @@ def test_key_of_another_certificate_is_one_line_and_exit_1(
         f"hare-server: ssl_certfile {server.cert} / ssl_keyfile {other.key}: "
         "not a PEM certificate with its private key"), line
     assert "listening" not in r.stdout
+
+
+def test_two_listeners_given_one_port_is_refused_before_serving(tmp_path: Path) -> None:
+    # Linux lets both bind (SO_REUSEADDR, neither listening yet): the clash shows at listen
+    port = _free_port()
+    r = _run(tmp_path, "--port", str(port), "--management-port", str(port))
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.splitlines()[-1] == f"hare-server: management port {port} is already in use"
+    assert "listening" not in r.stdout and "broker started" not in r.stderr
