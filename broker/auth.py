@@ -19,7 +19,7 @@ from broker.config.values import CertLoginFrom
 from broker.protocol.constants import ACCESS_REFUSED
 from broker.protocol.errors import ConnectionError_
 
-__all__ = ["Auth", "LoginRefused", "Permissions", "User", "peer_cert_name"]
+__all__ = ["Auth", "LoginRefused", "Permissions", "User", "peer_cert_name", "rfc4514"]
 
 # RFC 4514 attribute keys for the names Python's getpeercert() gives (rabbit_cert_info's set)
 _RDN_KEYS = {
@@ -195,10 +195,14 @@ def peer_cert_name(cert: dict[str, Any] | None, login_from: CertLoginFrom) -> st
     if login_from is CertLoginFrom.COMMON_NAME:
         names = [value for rdn in subject for key, value in rdn if key == "commonName"]
         return ",".join(names) or None
-    # RFC 4514 lists the RDNs last first, as RabbitMQ's rabbit_cert_info:subject does
-    rdns = ["+".join(f"{_RDN_KEYS.get(k, k)}={_escape(v)}" for k, v in rdn)
-            for rdn in reversed(subject)]
-    return ",".join(rdns) or None
+    return rfc4514(subject) or None
+
+
+def rfc4514(name: tuple[tuple[tuple[str, str], ...], ...]) -> str:
+    """A certificate name (getpeercert()'s "subject" or "issuer") as RFC 4514 text, last RDN
+    first, as RabbitMQ's rabbit_cert_info writes it: "CN=alice,O=Example\\, Inc.,C=GB"."""
+    return ",".join("+".join(f"{_RDN_KEYS.get(k, k)}={_escape(v)}" for k, v in rdn)
+                    for rdn in reversed(name))
 
 
 def _escape(value: str) -> str:

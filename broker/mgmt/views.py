@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from broker import __version__
+from broker.auth import rfc4514
 from broker.mgmt.stats import QUEUE_COUNTERS, Stats, details
 from broker.routing.exchange import Binding, Exchange
 
@@ -191,7 +192,29 @@ def connection_json(conn: Reader, node: Node) -> dict[str, Any]:
         "recv_oct": info["recv_oct"],
         "send_oct": info["send_oct"],
         "connected_at": _connected_at(conn),
-        "ssl": False,
+        **_tls_json(conn),
+    }
+
+
+def _tls_json(conn: Reader) -> dict[str, Any]:
+    """RabbitMQ's TLS fields of a connection (null on plain AMQP); the cipher is OpenSSL's
+    name for it."""
+    tls = conn.tls
+    if tls is None:
+        return {"ssl": False, "ssl_protocol": None, "ssl_cipher": None,
+                "peer_cert_subject": None, "peer_cert_issuer": None,
+                "peer_cert_validity": None}
+    cert = tls.getpeercert() or {}
+    cipher = tls.cipher()
+    validity = (f"{cert['notBefore']} - {cert['notAfter']}"
+                if "notBefore" in cert and "notAfter" in cert else None)
+    return {
+        "ssl": True,
+        "ssl_protocol": (tls.version() or "").lower() or None,
+        "ssl_cipher": cipher[0] if cipher else None,
+        "peer_cert_subject": rfc4514(cert["subject"]) if "subject" in cert else None,
+        "peer_cert_issuer": rfc4514(cert["issuer"]) if "issuer" in cert else None,
+        "peer_cert_validity": validity,
     }
 
 

@@ -4,6 +4,7 @@ the minimum TLS version, and EXTERNAL logins named by the certificate."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import ssl
@@ -11,6 +12,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 import aiormq.exceptions
@@ -235,14 +237,40 @@ def test_tls_port_offers_external(strict: TlsBroker, pki: Pki) -> None:
 
 
 def test_management_over_https(strict: TlsBroker, pki: Pki) -> None:
-    port = strict.ports["hare-management https"]
-    req = urllib.request.Request(f"https://localhost:{port}/api/overview")
+    overview = _https_get(strict, pki, "/api/overview")
+    listeners = {x["protocol"]: x["port"] for x in overview["listeners"]}
+    https = strict.ports["hare-management https"]
+    assert listeners == {"amqp": strict.port, "amqp/ssl": strict.tls_port, "https": https}
+    # plain HTTP on the HTTPS port gets no API
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{https}/api/overview", timeout=5)
+
+
+def _https_get(broker: TlsBroker, pki: Pki, path: str) -> Any:
+    port = broker.ports["hare-management https"]
+    req = urllib.request.Request(f"https://localhost:{port}{path}")
     req.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")  # guest:guest
     ctx = ssl.create_default_context(cafile=str(pki.ca.cert_path))
     with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
-        overview = json.loads(resp.read())
-    listeners = {x["protocol"]: x["port"] for x in overview["listeners"]}
-    assert listeners == {"amqp": strict.port, "amqp/ssl": strict.tls_port, "https": port}
+        return json.loads(resp.read())
+
+
+def test_connections_show_their_tls_session(strict: TlsBroker, pki: Pki) -> None:
+    tls_conn = pika.BlockingConnection(
+        _pika_params(strict.tls_port, pki.client_context(pki.alice)))
+    plain = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", strict.port))
+    try:
+        conns = _https_get(strict, pki, "/api/connections")
+        by_port = {c["port"]: c for c in conns}
+        tls_view, plain_view = by_port[strict.tls_port], by_port[strict.port]
+        assert tls_view["ssl"] is True and tls_view["ssl_protocol"] == "tlsv1.3"
+        assert tls_view["peer_cert_subject"] == "CN=alice,O=Hare tests"
+        assert tls_view["peer_cert_issuer"] == "CN=Hare test CA,O=Hare tests"
+        assert tls_view["ssl_cipher"]
+        assert plain_view["ssl"] is False and plain_view["peer_cert_subject"] is None
+    finally:
+        tls_conn.close()
+        plain.close()
 
 
 async def test_without_fail_if_no_peer_cert_a_client_without_certificate_may_use_plain(
@@ -278,3 +306,17 @@ def test_a_client_that_never_starts_tls_is_dropped(lenient: TlsBroker) -> None:
     with socket.create_connection(("127.0.0.1", lenient.tls_port), timeout=10) as raw:
         assert raw.recv(1) == b""  # closed by the broker, well before the socket's timeout
     assert _logged(lenient, "SSL handshake is taking longer than 0.5 seconds"), lenient.log()
+
+
+async def test_sigterm_closes_tls_clients_with_320(pki: Pki, tmp_path: Path) -> None:
+    b = TlsBroker(tmp_path / "data", _tls_args(pki, tmp_path)).start()
+    try:
+        conn = await aio_pika.connect(f"amqps://guest:guest@127.0.0.1:{b.tls_port}/",
+                                      ssl_context=pki.client_context(pki.alice), timeout=10)
+        closed: asyncio.Future[BaseException | None] = \
+            asyncio.get_running_loop().create_future()
+        conn.close_callbacks.add(lambda _c, exc: closed.done() or closed.set_result(exc))
+        assert await asyncio.to_thread(b.stop) == 0
+        assert "CONNECTION_FORCED" in str(await asyncio.wait_for(closed, 10))
+    finally:
+        b.kill()
