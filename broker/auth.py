@@ -206,7 +206,8 @@ def rfc4514(name: tuple[tuple[tuple[str, str], ...], ...]) -> str:
 
 
 def _escape(value: str) -> str:
-    out = "".join("\\" + ch if ch in ',+"\\<>;=' else ch for ch in value)
+    """RFC 4514 section 2.4 escaping, the characters RabbitMQ escapes."""
+    out = "".join("\\" + ch if ch in ',+"\\<>;' else ch for ch in value)
     if out.startswith(("#", " ")):
         out = "\\" + out
     if out.endswith(" ") and not out.endswith("\\ "):
