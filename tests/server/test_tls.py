@@ -241,6 +241,9 @@ def test_management_over_https(strict: TlsBroker, pki: Pki) -> None:
     listeners = {x["protocol"]: x["port"] for x in overview["listeners"]}
     https = strict.ports["hare-management https"]
     assert listeners == {"amqp": strict.port, "amqp/ssl": strict.tls_port, "https": https}
+    for port in (strict.port, strict.tls_port, https):  # RabbitMQ's port-listener check
+        assert _https_get(strict, pki, f"/api/health/checks/port-listener/{port}") == {
+            "status": "ok", "port": port}
     # plain HTTP on the HTTPS port gets no API
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{https}/api/overview", timeout=5)
