@@ -113,6 +113,22 @@ def test_channel_error_closes_channel_not_connection(conn):
     assert ch2.basic_get(q, auto_ack=True)[2] == b"fine"
 
 
+def test_close_right_after_a_failing_publish_leaves_the_connection_alive(conn):
+    """Issue 16: pika tidies up with channel.close while the broker's channel.close 404 for
+    the publish is on its way. The closes cross; the connection and its other channels live
+    (it used to die with 504 "expected 'channel.open'")."""
+    keep = conn.channel()
+    for _ in range(5):
+        ch = conn.channel()
+        ch.basic_publish("no-such-exchange-pika", "k", b"x")
+        with pytest.raises(ChannelClosedByBroker) as err:
+            ch.close()
+        assert err.value.reply_code == 404
+        assert conn.is_open
+        keep.queue_declare("", exclusive=True)
+        conn.channel().queue_declare("", exclusive=True)
+
+
 def test_exchange_types_with_pika(conn):
     ch = conn.channel()
     ch.exchange_declare("pika-topic", "topic", auto_delete=True)
