@@ -64,6 +64,8 @@ CLOSED = ConnectionState.CLOSED
 
 # After the close handshake, how long a client that keeps its socket open is waited for.
 CLOSE_LINGER_S = 1.0
+# How long connection.close / close-ok wait for the channel tasks to end, at most.
+CHANNELS_END_S = 5.0
 
 SERVER_CAPABILITIES = {
     "publisher_confirms": True,
@@ -640,12 +642,16 @@ class Reader(asyncio.Protocol):
         self._linger_s = linger_s
         if self._timer is not None:  # no heartbeat or handshake timer from here on
             self._timer.cancel()
-            self._timer = None
+        # channel tasks end within a loop iteration or two; this only bounds a bug's harm
+        self._timer = self.loop.call_later(CHANNELS_END_S, self._close_transport)
         if not self._live:
             self._release_held()
 
     def _release_held(self) -> None:
         held, self._held = self._held or [], None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self.transport is None or self.transport.is_closing():
             return
         self.writer.send_many(held)

@@ -165,3 +165,28 @@ def test_fatal_frame_error_half_closes_at_once(broker):
     assert c.sock.recv(10) == b""
     c.close()
     roundtrip_ok(broker.port)
+
+
+def test_what_a_channel_owes_goes_out_before_connection_close(broker):
+    """The reader fails the connection at once (a body frame on an unopened channel), while
+    channel 1 still has a queue.declare to answer: declare-ok first, then connection.close,
+    never a channel's frame after it (RabbitMQ's terminate_channels)."""
+    c = opened(broker, 1)
+    c.send(pframe.marshal(commands.Queue.Declare(queue="", exclusive=True), 1)
+           + raw_frame(3, 7, b"x"))
+    c.expect(commands.Queue.DeclareOk, 1)
+    assert c.expect(commands.Connection.Close, 0).reply_code == 505
+    c.send_method(0, commands.Connection.CloseOk())
+    assert c.recv_frame(5.0) is None
+    c.close()
+
+
+def test_close_ok_waits_for_a_channel_error_in_flight(broker):
+    """A client's connection.close right behind a frame that fails its channel: the
+    channel.close 404 goes out before connection.close-ok, not after it."""
+    c = opened(broker, 1)
+    c.send(pframe.marshal(commands.Queue.Declare(queue="no-such-queue-z", passive=True), 1)
+           + pframe.marshal(CONN_CLOSE, 0))
+    assert c.expect(commands.Channel.Close, 1).reply_code == 404
+    c.expect(commands.Connection.CloseOk, 0)
+    c.close()
