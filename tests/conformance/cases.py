@@ -160,7 +160,7 @@ row("handshake/vhost-missing", [m(0, Cn.Open(virtual_host="cf-no-such-vhost"))],
     stage="tuned", quiet=4.0)
 CAPS = {"capabilities": {"authentication_failure_close": True}}
 row("handshake/unknown-mechanism",
-    [m(0, Cn.StartOk(client_properties=CAPS, mechanism="EXTERNAL", response="",
+    [m(0, Cn.StartOk(client_properties=CAPS, mechanism="CF-MADE-UP", response="",
                      locale="en_US"))],
     stage="started", quiet=4.0, differs=SILENT_HANDSHAKE, hare=closed_with("403 0.0"))
 row("handshake/bad-password",
