@@ -276,9 +276,11 @@ def _import(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _verify(_: Client | None, a: argparse.Namespace) -> tuple[Any, str]:
-    """Check a stopped broker's message store files offline (broker.store.verify)."""
-    try:
-        from broker.store import layout, verify  # the store's own checker; imported only here
+    """Check a stopped broker's message store and queue index files offline
+    (broker.store.verify: the parsers recovery uses)."""
+    try:  # the store's own checker; imported only here
+        from broker.store import layout
+        from broker.store.verify import verify, verify_queue_indexes
     except ImportError:
         raise CtlError("verify is not available in this build", EX_SOFTWARE) from None
     root = Path(a.data_dir)
@@ -300,6 +302,16 @@ def _verify(_: Client | None, a: argparse.Namespace) -> tuple[Any, str]:
                      f"snapshot: {d['snapshot']})")
         lines += [f"  {p}" for p in d["problems"]]
         lines += [f"  quarantined: {q}" for q in d["quarantined"]]
+    if (root / layout.QUEUES).is_dir():
+        ix = verify_queue_indexes(root / layout.QUEUES)
+        data.append({"directory": ix.directory, "ok": ix.ok, "queues": ix.queues,
+                     "segments": ix.segments, "messages": ix.messages, "bytes": ix.bytes,
+                     "quarantined": ix.quarantined, "problems": ix.problems()})
+        lines.append(f"{ix.directory}: {'ok' if ix.ok else 'DAMAGED'} ({ix.queues} queue "
+                     f"index(es), {ix.segments} segment(s), {ix.messages} message(s), "
+                     f"{ix.bytes} bytes)")
+        lines += [f"  {p}" for p in ix.problems()]
+        lines += [f"  quarantined: {q}" for q in ix.quarantined]
     if not all(d["ok"] for d in data):
         a.exit_code = EX_DATAERR
     return data, "\n".join(lines)
@@ -379,7 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
          ).add_argument("file")
     verb("import_definitions", _import, "load definitions JSON from FILE ('-': stdin)"
          ).add_argument("file")
-    verb("verify", _verify, "check a stopped broker's message store files (offline)"
+    verb("verify", _verify, "check a stopped broker's message store and queue index files "
+         "(offline)"
          ).add_argument("data_dir")
     return p
 

@@ -185,6 +185,8 @@ def test_verify_a_stopped_broker_store(tmp_path: Path) -> None:
     first = done.stdout.splitlines()[0]
     assert first.startswith(f"{tmp_path / 'data' / 'msg_store_persistent'}: ok (")
     assert "20 message(s)" in first and "clean shutdown: true" in first
+    queues = f"{tmp_path / 'data' / 'queues'}: ok (1 queue index(es), 1 segment(s), 20 message(s)"
+    assert queues in done.stdout
     report = json.loads(run_ctl("--json", "verify", str(tmp_path / "data")).stdout)
     assert report[0]["ok"] is True and report[0]["messages"] == 20
 

@@ -1,5 +1,6 @@
-"""Offline check of a stopped message store's directory (`hare-ctl verify`). Reads only; never
-repairs (the next start does that)."""
+"""Offline check of a stopped broker's files (`hare-ctl verify`): a message store's directory
+(`verify`) and the queue indexes (`verify_queue_indexes`), read with the parsers recovery uses.
+Reads only; never repairs (the next start does that)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,13 @@ from broker.store.msg_store_files import (
 )
 from broker.store.msg_store_index import SnapshotError
 from broker.store.msg_store_recovery import QUARANTINE_DIR
+from broker.store.queue_index_files import BAD_HEADER as IDX_BAD_HEADER
+from broker.store.queue_index_files import QUARANTINE_DIR as IDX_QUARANTINE_DIR
+from broker.store.queue_index_files import UNREADABLE as IDX_UNREADABLE
+from broker.store.queue_index_files import index_dirs, read_queue_index
 from broker.store.segment import COMPACT_SUFFIX, segment_name
 
-__all__ = ["VerifyReport", "verify"]
+__all__ = ["IndexVerifyReport", "VerifyReport", "verify", "verify_queue_indexes"]
 
 
 @dataclass(slots=True)
@@ -103,4 +108,62 @@ def verify(directory: Path) -> VerifyReport:
     qdir = directory / QUARANTINE_DIR
     if qdir.is_dir():
         report.quarantined = sorted(p.name for p in qdir.iterdir())
+    return report
+
+
+@dataclass(slots=True)
+class IndexVerifyReport:
+    """What `verify_queue_indexes` found under a `queues/` directory (file names relative to
+    it: `<queue dir>/<segment>`)."""
+
+    directory: str
+    queues: int = 0  # queue index directories
+    segments: int = 0
+    messages: int = 0  # live (un-acked) entries in good records
+    bytes: int = 0
+    bad_headers: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)
+    torn_tails: list[tuple[str, int, int]] = field(default_factory=list)  # file, offset, bytes
+    corrupt_records: list[tuple[str, int, int]] = field(default_factory=list)  # file, off, len
+    quarantined: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.bad_headers or self.unreadable or self.torn_tails
+                    or self.corrupt_records)
+
+    def problems(self) -> list[str]:
+        out = [f"{name}: bad header" for name in self.bad_headers]
+        out += [f"{name}: unreadable" for name in self.unreadable]
+        out += [f"{n}: torn tail of {b} bytes at {o}" for n, o, b in self.torn_tails]
+        out += [f"{n}: corrupt record at {o} ({b} bytes)" for n, o, b in self.corrupt_records]
+        return out
+
+
+def verify_queue_indexes(root: Path) -> IndexVerifyReport:
+    """Check every queue index segment under `root` with the parser recovery uses (read only:
+    the next start repairs)."""
+    root = Path(root)
+    report = IndexVerifyReport(str(root))
+    for directory in index_dirs(root):
+        report.queues += 1
+        for seg in read_queue_index(directory):
+            name = str(seg.path.relative_to(root))
+            report.segments += 1
+            report.bytes += seg.size
+            if seg.fault == IDX_BAD_HEADER:
+                report.bad_headers.append(name)
+            elif seg.fault == IDX_UNREADABLE:
+                report.unreadable.append(name)
+            elif seg.fault:  # a header torn while the file was created
+                report.torn_tails.append((name, 0, seg.size))
+            if seg.scan is None:
+                continue
+            report.messages += len(seg.scan.entries)
+            if seg.scan.torn_bytes:
+                report.torn_tails.append((name, seg.scan.good_end, seg.scan.torn_bytes))
+            report.corrupt_records += [(name, o, n) for o, n in seg.scan.corrupt]
+        qdir = directory / IDX_QUARANTINE_DIR
+        if qdir.is_dir():
+            report.quarantined += sorted(str(p.relative_to(root)) for p in qdir.iterdir())
     return report

@@ -9,7 +9,10 @@ from msg_store_helpers import RecordingClient, body
 
 from broker.store import verify
 from broker.store.msg_store_recovery import SNAPSHOT
+from broker.store.queue_index import QueueIndex
+from broker.store.queue_index_format import segment_file_name
 from broker.store.segment import FILE_HEADER_SIZE, RECORD_HEADER_SIZE, segment_name
+from broker.store.verify import verify_queue_indexes
 
 REC = RECORD_HEADER_SIZE + 1000
 
@@ -69,3 +72,28 @@ async def test_store_with_only_an_empty_file_verifies_ok(make_store, tmp_path: P
     assert report.ok and report.segments == 1 and report.torn_tails == []
     again = await make_store(d)  # and a start keeps it as the current file
     assert again.last_report.torn_bytes == 0 and again.stats()["files"] == 1
+
+
+def test_verify_queue_indexes_reports_damage_per_file_and_changes_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "queues"
+    for name in ("a", "b"):
+        qi = QueueIndex(root / name, segment_entries=4)
+        qi.recover()
+        for seq in range(6):
+            qi.publish(seq, seq + 1, b"embedded" if seq % 2 else None)
+        qi.ack([0])
+        qi.close()
+    clean = verify_queue_indexes(root)
+    assert clean.ok and clean.problems() == []
+    assert (clean.queues, clean.segments, clean.messages) == (2, 4, 10)
+    seg_a, seg_b = root / "a" / segment_file_name(1), root / "b" / segment_file_name(0)
+    os.truncate(seg_a, seg_a.stat().st_size - 3)
+    with open(seg_b, "r+b") as f:
+        f.write(b"JUNK")
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    report = verify_queue_indexes(root)
+    assert not report.ok and report.bad_headers == [f"b/{seg_b.name}"]
+    [(name, offset, size)] = report.torn_tails
+    assert name == f"a/{seg_a.name}" and offset + size == seg_a.stat().st_size
+    assert report.messages == 10 - 1 - 3  # the torn record and segment 0 of b are lost
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
