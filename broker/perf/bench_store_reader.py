@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,11 +27,7 @@ def main() -> None:
     ap.add_argument("--kill", action="store_true", help="stop with kill -9 (dirty store)")
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    from broker.spark import register
+    from broker.spark.local import local_session
 
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
@@ -49,14 +43,7 @@ def main() -> None:
         else:
             proc.send_signal(signal.SIGTERM)
         proc.wait()
-        spark = (SparkSession.builder.master("local[2]").appName("bench-store-reader")
-                 .config("spark.ui.enabled", "false")
-                 .config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.driver.memory", "1g")
-                 .config("spark.local.dir", str(Path(tmp) / "spark"))
-                 .getOrCreate())
-        spark.sparkContext.setLogLevel("ERROR")
-        register(spark)
+        spark = local_session("bench-store-reader", Path(tmp) / "spark", driver_memory="1g")
         times = []
         try:
             for _ in range(args.runs):
