@@ -14,6 +14,7 @@ import structlog
 from broker.policy import Policy, PolicySet, effective_definition, limit_reached
 from broker.protocol.constants import NOT_ALLOWED, PRECONDITION_FAILED
 from broker.protocol.errors import ChannelError, ConnectionError_
+from broker.queue.policy_args import AppliedPolicies
 from broker.server.reader import OPENED
 
 if TYPE_CHECKING:
@@ -69,8 +70,10 @@ class VHostParams:
     def apply_to_queue(self, q: AMQQueue) -> None:
         policy = self.policies.match("queues", q.name)
         operator = self.operator_policies.match("queues", q.name)
-        if policy is not q.policy or operator is not q.operator_policy:
-            q.set_policies(policy, operator, effective_definition(policy, operator))
+        applied = q.args.applied
+        if policy is not applied.policy or operator is not applied.operator_policy:
+            q.set_policies(AppliedPolicies(policy, operator,
+                                           effective_definition(policy, operator)))
 
     def apply_to_exchange(self, ex: Exchange) -> None:
         policy = self.policies.match("exchanges", ex.name)

@@ -16,6 +16,7 @@ from broker.routing.exchange import Binding, Exchange
 
 if TYPE_CHECKING:
     from broker.node import Node
+    from broker.policy import Policy
     from broker.queue.amqqueue import AMQQueue
     from broker.queue.consumer import Consumer
     from broker.server.channel import Channel
@@ -72,11 +73,15 @@ def queue_json(q: AMQQueue, stats: Stats, node_name: str) -> dict[str, Any]:
         "single_active_consumer_tag": sac.tag if sac is not None else None,
         "memory": _PER_QUEUE_BYTES + body_bytes + messages * _PER_MESSAGE_BYTES,
         "message_stats": message_stats,
-        "policy": q.policy.name if q.policy is not None else None,
-        "operator_policy": q.operator_policy.name if q.operator_policy is not None else None,
-        "effective_policy_definition": q.effective_policy,
+        "policy": _name(q.args.applied.policy),
+        "operator_policy": _name(q.args.applied.operator_policy),
+        "effective_policy_definition": dict(q.args.applied.effective),
         **_paging(q),
     }
+
+
+def _name(policy: Policy | None) -> str | None:
+    return policy.name if policy is not None else None
 
 
 def _paging(q: AMQQueue) -> dict[str, Any]:

@@ -24,12 +24,11 @@ from broker.queue import dead_letter as dlx
 from broker.queue.arguments import QueueArgs
 from broker.queue.consumer import Consumer
 from broker.queue.durability import QueueDurability
-from broker.queue.policy_args import effective_arguments
+from broker.queue.policy_args import AppliedPolicies, effective_arguments
 from broker.queue.priority_queue import PriorityQueue
 from broker.queue.variable_queue import Entry, VariableQueue
 
 if TYPE_CHECKING:
-    from broker.policy import Policy
     from broker.server.channel import Channel
     from broker.vhost import VHost
 
@@ -72,10 +71,6 @@ class AMQQueue:
         self.arguments: dict[str, Any] = dict(arguments or {})
         self.args = QueueArgs(self.arguments)
         # the policies that apply (set by the vhost) and their merged definition
-        self.policy: Policy | None = None
-        self.operator_policy: Policy | None = None
-        self.effective_policy: dict[str, Any] = {}
-        self._ram_target: int | None = None  # the memory monitor's; lazy queues keep 0
         # set by Durable.attach before start(): the paging backing queue (a PriorityQueue of
         # them with x-max-priority) and its disk side
         self.bq: VariableQueue | PriorityQueue = None  # type: ignore[assignment]
@@ -118,14 +113,12 @@ class AMQQueue:
         if self.args.lazy and self.bq is not None:
             self.set_ram_target(None)
 
-    def set_policies(self, policy: Policy | None, operator_policy: Policy | None,
-                     effective: dict[str, Any]) -> None:
+    def set_policies(self, applied: AppliedPolicies) -> None:
         """The policies that apply changed: resolve the arguments again and apply what
         RabbitMQ applies at once (a new expiry clock, a lower max-length, lazy mode); a new
         message-ttl only concerns messages published from now on, as RabbitMQ's."""
-        self.policy, self.operator_policy = policy, operator_policy
-        self.effective_policy = effective
-        old, new = self.args, QueueArgs(effective_arguments(self.arguments, effective))
+        old = self.args
+        new = QueueArgs(effective_arguments(self.arguments, applied.effective), applied)
         self.args = new
         if self._task is None or self.deleted:
             return  # not started: start() arms what the arguments ask for
@@ -139,7 +132,9 @@ class AMQQueue:
         if limited and new.overflow == "drop-head":
             self._drop_overflow()
         if new.lazy != old.lazy:
-            self.set_ram_target(self._ram_target)
+            # lazy: 0 from now on; back to default: no limit until the memory monitor's
+            # next sample under pressure sets one
+            self.set_ram_target(None)
         if self.durability is not None:
             self.durability.end_batch()
 
@@ -531,7 +526,6 @@ class AMQQueue:
     def set_ram_target(self, target: int | None) -> None:
         """How many ready messages may keep their body in RAM (None: all); the variable
         queue pages out the rest now."""
-        self._ram_target = target
         if self.args.lazy:
             target = 0  # queue-mode lazy: every body goes to disk as it arrives
         if self.deleted or target == self.bq.target_ram_count:

@@ -18,6 +18,7 @@ from typing import Any
 
 from broker.protocol.constants import PRECONDITION_FAILED
 from broker.protocol.errors import ChannelError
+from broker.queue.policy_args import NO_POLICIES, AppliedPolicies
 
 __all__ = [
     "COMPARED_ARGS",
@@ -66,11 +67,15 @@ class QueueArgs:
     TYPE = "classic"  # what every Hare queue is, whatever x-queue-type asked for
 
     __slots__ = (
-        "dlrk", "dlx", "expires_ms", "max_length", "max_length_bytes", "max_priority",
-        "overflow", "queue_mode", "queue_type", "single_active", "ttl_ms",
+        "applied", "dlrk", "dlx", "expires_ms", "max_length", "max_length_bytes",
+        "max_priority", "overflow", "queue_mode", "queue_type", "single_active", "ttl_ms",
     )
 
-    def __init__(self, arguments: dict[str, Any]) -> None:
+    def __init__(self, arguments: dict[str, Any],
+                 applied: AppliedPolicies = NO_POLICIES) -> None:
+        """`arguments`: the effective table (broker.queue.policy_args); `applied`: the
+        policies it was resolved against, kept for the management API."""
+        self.applied = applied
         self.ttl_ms: int | None = arguments.get("x-message-ttl")
         self.expires_ms: int | None = arguments.get("x-expires")
         self.max_length: int | None = arguments.get("x-max-length")

@@ -12,9 +12,26 @@ declare and on every policy change, never per message."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-__all__ = ["effective_arguments"]
+if TYPE_CHECKING:
+    from broker.policy import Policy
+
+__all__ = ["NO_POLICIES", "AppliedPolicies", "effective_arguments"]
+
+
+class AppliedPolicies(NamedTuple):
+    """The policies that apply to a queue (set by its vhost) and their merged definition.
+    Kept in the queue's QueueArgs, not as attributes of AMQQueue: one more instance
+    attribute there measured +0.5% instructions per message (bench_queue under callgrind;
+    CPython's shared-key instance dicts stop being specialised past their size limit)."""
+
+    policy: Policy | None
+    operator_policy: Policy | None
+    effective: Mapping[str, Any]
+
+
+NO_POLICIES = AppliedPolicies(None, None, {})
 
 _SMALLER = ("message-ttl", "expires", "max-length", "max-length-bytes")
 _ARGUMENT_WINS = ("dead-letter-exchange", "dead-letter-routing-key", "overflow", "queue-mode")
