@@ -5,7 +5,8 @@
     hare-ctl --json list_connections
 
 It finds the API by --url or HARE_MANAGEMENT_URL (default http://127.0.0.1:15672) and logs in
-with --user/--password (guest/guest). HTTP goes through urllib only, so the command starts
+with --user/--password (guest/guest); what it may do is what the API lets that user do (its
+tags and vhosts: docs/SECURITY.md). HTTP goes through urllib only, so the command starts
 fast. Exit codes are rabbitmqctl's: 0 ok, 64 usage, 65 bad data, 69 broker unreachable,
 70 other failure, 77 refused credentials."""
 
@@ -19,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from broker.ctl_access import add_verbs as add_access_verbs
 from broker.ctl_client import (
     DEFAULT_URL,
     EX_DATAERR,
@@ -84,12 +86,16 @@ LISTS: dict[str, tuple[Callable[[argparse.Namespace], str], tuple[str, ...],
     "list_policies": (lambda a: f"/api/policies/{_q(a.vhost)}", _POLICY_COLUMNS, dict),
     "list_operator_policies": (lambda a: f"/api/operator-policies/{_q(a.vhost)}",
                                _POLICY_COLUMNS, dict),
+    "list_topic_permissions": (lambda a: f"/api/vhosts/{_q(a.vhost)}/topic-permissions",
+                               ("user", "exchange", "write", "read"), dict),
+    "list_user_limits": (lambda a: "/api/user-limits", ("user", "value"), dict),
 }
 
 
 # the list verbs whose API path names a vhost take -p, as rabbitmqctl's
 _PER_VHOST = ("list_queues", "list_exchanges", "list_bindings", "list_consumers",
-              "list_permissions", "list_policies", "list_operator_policies")
+              "list_permissions", "list_policies", "list_operator_policies",
+              "list_topic_permissions")
 
 
 def _list(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
@@ -106,11 +112,14 @@ def _list(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
 # -- other verbs ----------------------------------------------------------------------------------
 def _status(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     ov = client.get("/api/overview")
-    [node] = client.get("/api/nodes")[:1] or [{}]
+    # node figures are for monitoring users and administrators; others see what is theirs
+    tags = set(client.get("/api/whoami").get("tags") or [])
+    nodes = client.get("/api/nodes") if tags & {"monitoring", "administrator"} else []
+    [node] = nodes[:1] or [{}]
     alarms = [a for a, on in (("memory", node.get("mem_alarm")),
                               ("disk", node.get("disk_free_alarm"))) if on]
     data = {
-        "node": ov["node"],
+        "node": ov.get("node", ov.get("cluster_name", "")),
         "product": f"{ov.get('product_name', 'Hare')} {ov.get('product_version', '')}".strip(),
         "os_pid": node.get("os_pid"),
         "uptime_seconds": int(node.get("uptime", 0)) // 1000,
@@ -369,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     verb("ping", _ping, "check that the broker answers (exit 69 when it does not)")
     verb("alarms", _alarms, "list the resource alarms in effect")
     add_policy_verbs(verb)
+    add_access_verbs(verb)
     verb("add_vhost", _add_vhost, "add a virtual host").add_argument("name")
     verb("delete_vhost", _delete_vhost, "delete a virtual host and all in it").add_argument(
         "name")

@@ -87,6 +87,9 @@ class Client:
 
     def _http_error(self, status: int, reason: str, what: str) -> CtlError:
         if status == 401:
+            if reason and reason != "Not_Authorized" and not reason.startswith("User '"):
+                # logged in, but the user's tags or permissions do not reach this far
+                return CtlError(f"access refused for user '{self.user}': {reason}", EX_NOPERM)
             why = f" ({reason})" if reason and reason != "Not_Authorized" else ""
             return CtlError(f"authentication failed for user '{self.user}' at {self.url} "
                             f"(401){why}", EX_NOPERM)

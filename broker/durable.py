@@ -98,20 +98,25 @@ class Durable:
         first_boot = not db.vhosts()
         if first_boot:
             db.put_vhost(s.default_vhost)
-            node.auth.add_user(s.default_user, s.default_pass, tags=["administrator"])
-            u = node.auth.users[s.default_user]
+            node.users.add_user(s.default_user, s.default_pass, tags=["administrator"])
+            u = node.users.users[s.default_user]
             db.put_user(u.name, u.password_hash, u.tags)
             db.put_permission(s.default_user, s.default_vhost, ".*", ".*", ".*")
         for name in [*db.vhosts(), *s.vhosts]:
             node.add_vhost(name)
         for ud in db.users():
-            node.auth.add_user(ud.name, password_hash=ud.password_hash, tags=list(ud.tags))
+            node.users.add_user(ud.name, password_hash=ud.password_hash, tags=list(ud.tags))
         for p in db.permissions():
-            node.auth.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
+            node.users.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
+        for t in db.topic_permissions():
+            node.users.set_topic_permission(t.user, t.vhost, t.exchange, t.write, t.read)
+        for user, name, value in db.user_limits():
+            if user in node.users.users:
+                node.users.set_limit(user, name, value)
         for us in s.users:  # the config file wins over what the database remembers
-            node.auth.add_user(us.name, password_hash=us.password_hash, tags=list(us.tags))
+            node.users.add_user(us.name, password_hash=us.password_hash, tags=list(us.tags))
         for ps in s.permissions:
-            node.auth.set_permissions(ps.user, ps.vhost, ps.configure, ps.write, ps.read)
+            node.users.set_permissions(ps.user, ps.vhost, ps.configure, ps.write, ps.read)
 
     def _restore_params(self) -> None:
         """Policies and limits, before the queues and exchanges they apply to."""

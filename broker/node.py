@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from broker.auth import Auth
+from broker.access import AccessControl, Backend, InternalBackend, UserDB
+from broker.access.http_backend import HttpBackend
 from broker.config import Settings
 from broker.durable import Durable
 from broker.flow.alarm import Alarms
@@ -41,7 +42,10 @@ class Node:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.name = f"hare@{socket.gethostname()}"
-        self.auth = Auth(
+        self.users = UserDB()
+        self.auth = AccessControl(
+            self.users,
+            _backends(settings, self.users),
             settings.loopback_users,
             mechanisms=settings.auth_mechanisms,
             cert_login_from=settings.ssl_cert_login_from,
@@ -143,6 +147,7 @@ class Node:
             vhost.stop()
         if self.durable is not None:
             await self.durable.stop()
+        await self.auth.close()
         log.info("broker stopped", node=self.name)
 
     # -- connections ------------------------------------------------------------------------
@@ -151,6 +156,23 @@ class Node:
 
     def connection_closed(self, conn: Reader) -> None:
         self.connections.discard(conn)
+
+    def close_connections(self, *, user: str | None = None, vhost: str | None = None,
+                          reason: str) -> int:
+        """Revocation: 320 CONNECTION_FORCED to every open connection of the user or in the
+        vhost (a deleted user or vhost), as RabbitMQ. Returns how many were closed."""
+        closed = 0
+        for conn in list(self.connections):
+            if conn.vhost is None:
+                continue  # still in the handshake: its connection.open is checked anew
+            if (user is None or conn.user == user) and (vhost is None
+                                                        or conn.vhost.name == vhost):
+                conn.force_close(reason)
+                closed += 1
+        if closed:
+            log.info("connections closed", user=user, vhost=vhost, reason=reason,
+                     count=closed)
+        return closed
 
     # -- alarms -----------------------------------------------------------------------------
     def alarms_active(self) -> frozenset[str]:
@@ -169,3 +191,22 @@ class Node:
         for q, target in ram_targets(loads, fraction).items():
             q.set_ram_target(target)
 
+
+
+def _backends(settings: Settings, users: UserDB) -> list[Backend]:
+    """The auth backends, in the order `auth_backends` names them."""
+    made: list[Backend] = []
+    for name in settings.auth_backends:
+        if name == "internal":
+            made.append(InternalBackend(users))
+        else:
+            made.append(HttpBackend(
+                user_path=settings.auth_http_user_path,
+                vhost_path=settings.auth_http_vhost_path,
+                resource_path=settings.auth_http_resource_path,
+                topic_path=settings.auth_http_topic_path,
+                method=str(settings.auth_http_method),
+                timeout_s=settings.auth_http_timeout_s,
+                cache_ttl_s=settings.auth_http_cache_ttl_s,
+            ))
+    return made

@@ -364,3 +364,39 @@ async def test_ping_and_alarms(mb: MgmtBroker, tmp_path: Path) -> None:
             {"resource": "disk space", "node": node}]
     finally:
         alarmed.stop()
+
+
+async def test_topic_permissions_user_limits_and_scope(mb: MgmtBroker) -> None:
+    """rabbitmqctl's topic-permission and user-limit verbs, and a management user's scope."""
+    user = "ctl-scoped"
+    assert (await ctl(mb, "add_user", user, "pw", "--tags", "management")).returncode == 0
+    assert (await ctl(mb, "set_permissions", user, "^app", "^app", "^app")).returncode == 0
+    done = await ctl(mb, "set_topic_permissions", user, "amq.topic", "^a", "^b")
+    assert done.returncode == 0, done.stderr
+    done = await ctl(mb, "--json", "list_topic_permissions")
+    assert {"user": user, "exchange": "amq.topic", "write": "^a", "read": "^b"} in json.loads(
+        done.stdout)
+    assert (await ctl(mb, "clear_topic_permissions", user, "amq.topic")).returncode == 0
+    assert user not in (await ctl(mb, "list_topic_permissions")).stdout
+    done = await ctl(mb, "set_user_limits", user, '{"max-connections": 3, "max-channels": 9}')
+    assert done.returncode == 0, done.stderr
+    done = await ctl(mb, "--json", "list_user_limits")
+    assert {"user": user, "value": {"max-connections": 3, "max-channels": 9}} in json.loads(
+        done.stdout)
+    assert (await ctl(mb, "clear_user_limits", user, "all")).returncode == 0
+    done = await ctl(mb, "set_user_limits", user, "not json")
+    assert done.returncode == 65 and "not JSON" in done.stderr
+
+    # the same scope as the API: the user's vhost only, no administration
+    as_user = ("--user", user, "--password", "pw")
+    done = await ctl(mb, *as_user, "list_vhosts")
+    assert done.returncode == 0 and done.stdout.split() == ["name", "/"]
+    done = await ctl(mb, *as_user, "list_users")
+    assert done.returncode == 77
+    assert done.stderr == f"hare-ctl: access refused for user '{user}': Not administrator user\n"
+    done = await ctl(mb, *as_user, "status")  # no node figures for management users
+    assert done.returncode == 0, done.stderr
+    assert mb.api("PUT", "/api/queues/%2F/ctl.scope", {})[0] == 201
+    done = await ctl(mb, *as_user, "purge_queue", "ctl.scope")
+    assert done.returncode == 77 and "ACCESS_REFUSED - access to queue 'ctl.scope'" in done.stderr
+    assert (await ctl(mb, "delete_user", user)).returncode == 0

@@ -174,6 +174,11 @@ def _check_together(values: dict[str, Any], origin: dict[str, str]) -> None:
             f"{said('auth_mechanisms')}: EXTERNAL needs the AMQPS listener with client "
             "certificates: set ssl_certfile, ssl_cacertfile and ssl_verify = \"verify_peer\""
         )
+    if "http" in values["auth_backends"]:
+        for key in ("auth_http_user_path", "auth_http_vhost_path", "auth_http_resource_path"):
+            if not values[key]:
+                raise ConfigError(f"{said(key)} must be set when {said('auth_backends')} "
+                                  "names http")
     user_names = {values["default_user"], *(user.name for user in values["users"])}
     vhost_names = {values["default_vhost"], *values["vhosts"]}
     for index, permission in enumerate(values["permissions"]):

@@ -14,6 +14,7 @@ from typing import Any
 
 from broker.config import values as v
 from broker.config.values import (
+    AuthHttpMethod,
     CertLoginFrom,
     Fsync,
     LogFormat,
@@ -160,6 +161,43 @@ class Settings:
             "permissions to set at boot ([[permissions]] tables)",
             file_only=True,
         ),
+    )
+    # auth backends (RabbitMQ's auth_backends and rabbitmq_auth_backend_http)
+    auth_backends: tuple[str, ...] = field(
+        default=("internal",),
+        metadata=_m(
+            v.auth_backends_value,
+            "login and permission backends tried in order: internal, http (comma-separated)",
+        ),
+    )
+    auth_http_user_path: str = field(
+        default="", metadata=_m(v.url_value, "HTTP auth backend: URL asked who may log in")
+    )
+    auth_http_vhost_path: str = field(
+        default="", metadata=_m(v.url_value, "HTTP auth backend: URL asked for vhost access")
+    )
+    auth_http_resource_path: str = field(
+        default="",
+        metadata=_m(v.url_value, "HTTP auth backend: URL asked for exchange/queue permissions"),
+    )
+    auth_http_topic_path: str = field(
+        default="",
+        metadata=_m(v.url_value, "HTTP auth backend: URL asked for routing keys (optional)"),
+    )
+    auth_http_method: AuthHttpMethod = field(
+        default=AuthHttpMethod.GET,
+        metadata=_m(v.choice_value(AuthHttpMethod), "HTTP auth backend: get or post"),
+    )
+    auth_http_timeout_s: float = field(
+        default=5.0,
+        metadata=_m(
+            v.float_value(0, lo_open=True),
+            "HTTP auth backend: no answer within this long is a refusal",
+        ),
+    )
+    auth_http_cache_ttl_s: float = field(
+        default=5.0,
+        metadata=_m(v.float_value(0), "HTTP auth backend: how long answers are cached (0: not)"),
     )
     # credit flow (rabbit's credit_flow_default_credit = {400, 200})
     credit_flow_initial_credit: int = field(

@@ -21,6 +21,7 @@ from broker.config.sizes import parse_size
 
 __all__ = [
     "AUTH_MECHANISMS",
+    "AuthHttpMethod",
     "CertLoginFrom",
     "Fsync",
     "LogFormat",
@@ -48,6 +49,13 @@ class LogFormat(StrEnum):
     CONSOLE = "console"
     JSON = "json"
     AUTO = "auto"  # console when stderr is a terminal, JSON lines otherwise
+
+
+class AuthHttpMethod(StrEnum):
+    """How the HTTP auth backend sends its questions (rabbitmq_auth_backend_http)."""
+
+    GET = "get"  # a query string (RabbitMQ's default)
+    POST = "post"  # a form body: the password stays out of access logs
 
 
 class Unroutable(StrEnum):
@@ -274,6 +282,27 @@ def mechanisms_value(value: object, from_text: bool) -> tuple[str, ...]:
     if not names:
         raise ValueError("must name at least one mechanism")
     return names
+
+
+AUTH_BACKENDS = ("internal", "http")
+
+
+def auth_backends_value(value: object, from_text: bool) -> tuple[str, ...]:
+    items = string_list_value(value, from_text)
+    if not items:
+        raise ValueError("at least one backend is needed")
+    unknown = [item for item in items if item not in AUTH_BACKENDS]
+    if unknown:
+        allowed = ", ".join(repr(name) for name in AUTH_BACKENDS)
+        raise ValueError(f"expected backends among {allowed}, got {unknown[0]!r}")
+    return items
+
+
+def url_value(value: object, from_text: bool) -> str:
+    text = string_value(value, from_text).strip()
+    if text and not text.startswith(("http://", "https://")):
+        raise ValueError(f"expected an http:// or https:// URL, got {text!r}")
+    return text
 
 
 def watermark_value(value: object, from_text: bool) -> MemoryWatermark:

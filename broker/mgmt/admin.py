@@ -1,4 +1,8 @@
-"""/api/vhosts, /api/users, /api/permissions and /api/whoami."""
+"""/api/vhosts, /api/users, /api/permissions and /api/whoami.
+
+Deleting a user or a vhost revokes at once: their open connections are closed with 320
+CONNECTION_FORCED, as RabbitMQ does; a narrowed or cleared permission holds from the next
+operation on every open channel (UserDB's generation)."""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from broker.config import hash_password, is_password_hash
-from broker.mgmt.api import opened_connections, vhost_of
+from broker.mgmt.api import vhost_of
+from broker.mgmt.authz import Need, add_route, caller, visible_vhosts
 from broker.mgmt.server import (
     NODE,
     ApiError,
@@ -19,13 +24,14 @@ from broker.mgmt.server import (
 from broker.mgmt.stats import details
 
 if TYPE_CHECKING:
-    from broker.auth import User
+    from broker.access import Principal, User
     from broker.node import Node
     from broker.store.definitions import Definitions
 
 __all__ = [
     "HASHING_ALGORITHM",
     "add_routes",
+    "db_of",
     "delete_vhost",
     "parse_tags",
     "permission_json",
@@ -36,7 +42,7 @@ __all__ = [
 HASHING_ALGORITHM = "rabbit_password_hashing_sha256"
 
 
-def _db(node: Node) -> Definitions | None:
+def db_of(node: Node) -> Definitions | None:
     """The definitions database, so users, permissions and vhost deletions made here survive
     a restart (Auth itself keeps memory only; vhosts and topology persist on their own)."""
     durable = getattr(node, "durable", None)
@@ -60,8 +66,10 @@ def vhost_json(node: Node, name: str) -> dict[str, Any]:
 
 
 async def vhosts(request: web.Request) -> web.Response:
+    """Every vhost for monitoring users and administrators, the caller's own for others."""
     node = request.app[NODE]
-    return json_response([vhost_json(node, name) for name in sorted(node.vhosts)])
+    shown = await visible_vhosts(request, monitor_sees_all=True)
+    return json_response([vhost_json(node, name) for name in sorted(v.name for v in shown)])
 
 
 async def vhost_one(request: web.Request) -> web.Response:
@@ -78,8 +86,8 @@ async def vhost_put(request: web.Request) -> web.Response:
     await read_json(request)  # description/tags are accepted and not kept
     existed = name in node.vhosts
     node.add_vhost(name)
-    user: User = request["user"]
-    if not existed and node.auth.permissions(user.name, name) is None:
+    user: Principal = request["user"]
+    if not existed and node.users.permissions(user.name, name) is None:
         set_permission(node, user.name, name, {"configure": ".*", "write": ".*", "read": ".*"})
     return created_or_updated(not existed)
 
@@ -87,16 +95,13 @@ async def vhost_put(request: web.Request) -> web.Response:
 def delete_vhost(node: Node, name: str) -> None:
     """Close its connections (320), stop its queues, drop it and its permissions."""
     vhost = vhost_of(node, name)
-    for conn in opened_connections(node):
-        if conn.vhost is vhost:
-            conn.force_close(f"vhost '{name}' is deleted")
+    node.close_connections(vhost=name, reason=f"vhost '{name}' is deleted")
     for q in list(vhost.queues.values()):
         vhost.delete_queue(q)
     vhost.stop()
     del node.vhosts[name]
-    for key in [k for k in node.auth.perms if k[1] == name]:
-        del node.auth.perms[key]
-    db = _db(node)
+    node.users.vhost_deleted(name)
+    db = db_of(node)
     if db is not None:
         db.delete_vhost(name)
 
@@ -124,13 +129,14 @@ def user_json(user: User) -> dict[str, Any]:
         "password_hash": user.password_hash,
         "hashing_algorithm": HASHING_ALGORITHM,
         "tags": list(user.tags),
-        "limits": {},
+        "limits": dict(user.limits),
     }
 
 
 def put_user(node: Node, name: str, body: dict[str, Any]) -> bool:
-    """Create or update a user from a JSON body; True when it was created."""
-    existing = node.auth.users.get(name)
+    """Create or update a user from a JSON body; True when it was created. A new password
+    leaves the user's open connections alone (RabbitMQ's behaviour): only new logins need it."""
+    existing = node.users.users.get(name)
     algorithm = body.get("hashing_algorithm", HASHING_ALGORITHM)
     if algorithm != HASHING_ALGORITHM:
         raise ApiError(400, f"hashing_algorithm {algorithm!r} is not supported "
@@ -152,8 +158,8 @@ def put_user(node: Node, name: str, body: dict[str, Any]) -> bool:
         raise ApiError(400, "password or password_hash must be set")
     tags = parse_tags(body.get("tags")) if "tags" in body else (
         list(existing.tags) if existing is not None else [])
-    node.auth.add_user(name, password_hash=password_hash, tags=tags)
-    db = _db(node)
+    node.users.add_user(name, password_hash=password_hash, tags=tags)
+    db = db_of(node)
     if db is not None:
         db.put_user(name, password_hash, tags)
     return existing is None
@@ -161,11 +167,11 @@ def put_user(node: Node, name: str, body: dict[str, Any]) -> bool:
 
 async def users(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    return json_response([user_json(u) for _, u in sorted(node.auth.users.items())])
+    return json_response([user_json(u) for _, u in sorted(node.users.users.items())])
 
 
 def _user(node: Node, name: str) -> User:
-    user = node.auth.users.get(name)
+    user = node.users.users.get(name)
     if user is None:
         raise ApiError(404, "Not Found")
     return user
@@ -183,21 +189,22 @@ async def user_put(request: web.Request) -> web.Response:
 async def user_delete(request: web.Request) -> web.Response:
     node = request.app[NODE]
     name = _user(node, request.match_info["user"]).name
-    node.auth.delete_user(name)
-    db = _db(node)
+    node.users.delete_user(name)
+    db = db_of(node)
     if db is not None:
         db.delete_user(name)
+    node.close_connections(user=name, reason=f"user '{name}' is deleted")
     return no_content()
 
 
 async def whoami(request: web.Request) -> web.Response:
-    user: User = request["user"]
-    return json_response({"name": user.name, "tags": list(user.tags)})
+    who = caller(request)
+    return json_response({"name": who.name, "tags": list(who.tags)})
 
 
 # -- permissions --------------------------------------------------------------------------------
 def permission_json(node: Node, user: str, vhost: str) -> dict[str, Any]:
-    configure, write, read = node.auth.perms[(user, vhost)].patterns()
+    configure, write, read = node.users.perms[(user, vhost)].patterns()
     return {"user": user, "vhost": vhost, "configure": configure, "write": write, "read": read}
 
 
@@ -210,7 +217,7 @@ async def permissions(request: web.Request) -> web.Response:
     if want_vhost is not None:
         vhost_of(node, want_vhost)
     return json_response([
-        permission_json(node, user, vhost) for user, vhost in sorted(node.auth.perms)
+        permission_json(node, user, vhost) for user, vhost in sorted(node.users.perms)
         if want_user in (None, user) and want_vhost in (None, vhost)
     ])
 
@@ -218,13 +225,13 @@ async def permissions(request: web.Request) -> web.Response:
 async def permission_one(request: web.Request) -> web.Response:
     node = request.app[NODE]
     key = (request.match_info["user"], request.match_info["vhost"])
-    if key not in node.auth.perms:
+    if key not in node.users.perms:
         raise ApiError(404, "Not Found")
     return json_response(permission_json(node, *key))
 
 
 def set_permission(node: Node, user: str, vhost: str, body: dict[str, Any]) -> bool:
-    if user not in node.auth.users:
+    if user not in node.users.users:
         raise ApiError(400, f"user '{user}' does not exist")
     if vhost not in node.vhosts:
         raise ApiError(400, f"vhost '{vhost}' does not exist")
@@ -234,12 +241,12 @@ def set_permission(node: Node, user: str, vhost: str, body: dict[str, Any]) -> b
         if not isinstance(value, str):
             raise ApiError(400, f"{field} must be a string (a regular expression)")
         patterns.append(value)
-    existed = node.auth.permissions(user, vhost) is not None
+    existed = node.users.permissions(user, vhost) is not None
     try:
-        node.auth.set_permissions(user, vhost, *patterns)
+        node.users.set_permissions(user, vhost, *patterns)
     except Exception as exc:  # re.error: a bad regular expression is the client's mistake
         raise ApiError(400, f"bad regular expression: {exc}") from exc
-    db = _db(node)
+    db = db_of(node)
     if db is not None:
         db.put_permission(user, vhost, *patterns)
     return not existed
@@ -255,28 +262,32 @@ async def permission_put(request: web.Request) -> web.Response:
 async def permission_delete(request: web.Request) -> web.Response:
     node = request.app[NODE]
     user, vhost = request.match_info["user"], request.match_info["vhost"]
-    if not node.auth.clear_permissions(user, vhost):
+    if not node.users.clear_permissions(user, vhost):
         raise ApiError(404, "Not Found")
-    db = _db(node)
+    db = db_of(node)
     if db is not None:
         db.delete_permission(user, vhost)
     return no_content()
 
 
 def add_routes(app: web.Application) -> None:
-    r = app.router
-    r.add_get("/api/vhosts", vhosts)
-    r.add_get("/api/vhosts/{vhost}", vhost_one)
-    r.add_put("/api/vhosts/{vhost}", vhost_put)
-    r.add_delete("/api/vhosts/{vhost}", vhost_delete)
-    r.add_get("/api/vhosts/{vhost}/permissions", permissions)
-    r.add_get("/api/users", users)
-    r.add_get("/api/users/{user}", user_one)
-    r.add_put("/api/users/{user}", user_put)
-    r.add_delete("/api/users/{user}", user_delete)
-    r.add_get("/api/users/{user}/permissions", permissions)
-    r.add_get("/api/whoami", whoami)
-    r.add_get("/api/permissions", permissions)
-    r.add_get("/api/permissions/{vhost}/{user}", permission_one)
-    r.add_put("/api/permissions/{vhost}/{user}", permission_put)
-    r.add_delete("/api/permissions/{vhost}/{user}", permission_delete)
+    m, admin = Need.MANAGEMENT, Need.ADMINISTRATOR
+    for method, path, handler, need in (
+        ("GET", "/api/vhosts", vhosts, m),
+        # one vhost, even one's own, is administrators' (RabbitMQ 3.10.8)
+        ("GET", "/api/vhosts/{vhost}", vhost_one, admin),
+        ("PUT", "/api/vhosts/{vhost}", vhost_put, admin),
+        ("DELETE", "/api/vhosts/{vhost}", vhost_delete, admin),
+        ("GET", "/api/vhosts/{vhost}/permissions", permissions, admin),
+        ("GET", "/api/users", users, admin),
+        ("GET", "/api/users/{user}", user_one, admin),
+        ("PUT", "/api/users/{user}", user_put, admin),
+        ("DELETE", "/api/users/{user}", user_delete, admin),
+        ("GET", "/api/users/{user}/permissions", permissions, admin),
+        ("GET", "/api/whoami", whoami, m),
+        ("GET", "/api/permissions", permissions, admin),
+        ("GET", "/api/permissions/{vhost}/{user}", permission_one, admin),
+        ("PUT", "/api/permissions/{vhost}/{user}", permission_put, admin),
+        ("DELETE", "/api/permissions/{vhost}/{user}", permission_delete, admin),
+    ):
+        add_route(app, method, path, handler, need)

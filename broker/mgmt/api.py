@@ -1,7 +1,9 @@
 """/api: overview, nodes, connections, channels, consumers, exchanges, queues and bindings.
 
 Writes go through the same VHost methods AMQP clients use, so the rules (reserved names,
-inequivalent arguments, exclusive queues) and the definitions hook are the same either way."""
+inequivalent arguments, exclusive queues) and the definitions hook are the same either way,
+after the same permission checks (broker/mgmt/authz.py). Listings show what the caller's tags
+let it see."""
 
 from __future__ import annotations
 
@@ -14,6 +16,16 @@ from aiohttp import web
 
 from broker import __version__
 from broker.flow.memory_monitor import process_memory
+from broker.mgmt.authz import (
+    NOT_YOURS,
+    Need,
+    add_route,
+    caller,
+    require,
+    require_declare,
+    require_topic,
+    visible_vhosts,
+)
 from broker.mgmt.server import (
     NODE,
     STATS,
@@ -23,7 +35,7 @@ from broker.mgmt.server import (
     no_content,
     read_json,
 )
-from broker.mgmt.stats import channels, details, queues
+from broker.mgmt.stats import channels, details
 from broker.mgmt.views import (
     bindings_of,
     channel_json,
@@ -54,15 +66,6 @@ def vhost_of(node: Node, name: str) -> VHost:
     if vhost is None:
         raise ApiError(404, "Not Found")
     return vhost
-
-
-def _vhosts(request: web.Request) -> list[VHost]:
-    """The vhost named in the path, or every vhost."""
-    node = request.app[NODE]
-    name = request.match_info.get("vhost")
-    if name is None:
-        return list(node.vhosts.values())
-    return [vhost_of(node, name)]
 
 
 def _exchange(vhost: VHost, name: str) -> Exchange:
@@ -106,44 +109,72 @@ def free_disk_bytes(node: Node) -> int | None:
 
 # -- overview and nodes -------------------------------------------------------------------------
 async def overview(request: web.Request) -> web.Response:
+    """Node-wide for monitoring users and administrators; others see the figures of their
+    own vhosts and connections, and no node or listeners (as RabbitMQ)."""
     node = request.app[NODE]
     stats = request.app[STATS]
-    totals = stats.totals()
-    conns = opened_connections(node)
-    chans = list(channels(node))
-    all_queues = list(queues(node))
-    exchanges = sum(len(v.exchanges) for v in node.vhosts.values())
-    consumers = sum(len(q.consumers) for q in all_queues)
+    who = caller(request)
+    vhosts = await visible_vhosts(request, monitor_sees_all=True)
+    conns = [c for c in opened_connections(node) if who.sees(c)]
+    chans = [ch for c in conns for ch in list(c.channels.values())]
+    shown_queues = [q for v in vhosts for q in list(v.queues.values())]
+    exchanges = sum(len(v.exchanges) for v in vhosts)
+    consumers = sum(len(q.consumers) for q in shown_queues)
+    totals = stats.totals() if who.is_monitor else _queue_totals(shown_queues, chans)
     message_stats: dict[str, Any] = {}
     for key in ("publish", "confirm", "return_unroutable", "deliver_get", "ack", "redeliver"):
         message_stats[key] = totals[key]
-        message_stats[f"{key}_details"] = details(stats.node_rate(key))
-    listeners = [{"node": node.name, "protocol": x.protocol, "ip_address": x.host or "::",
-                  "port": x.port} for x in node.listeners]
-    return json_response({
+        if who.is_monitor:
+            message_stats[f"{key}_details"] = details(stats.node_rate(key))
+    out: dict[str, Any] = {
         "management_version": __version__,
         "rates_mode": "basic",
         "rabbitmq_version": __version__,
         **product(),
         "cluster_name": node.name,
-        "node": node.name,
         "object_totals": {
             "connections": len(conns),
             "channels": len(chans),
             "exchanges": exchanges,
-            "queues": len(all_queues),
+            "queues": len(shown_queues),
             "consumers": consumers,
         },
         "queue_totals": {
             key: totals[key] for key in ("messages", "messages_ready", "messages_unacknowledged")
-        } | {
-            f"{key}_details": details(stats.node_rate(key))
-            for key in ("messages", "messages_ready", "messages_unacknowledged")
         },
         "message_stats": message_stats,
-        "listeners": listeners,
         "statistics_db_event_queue": 0,
-    })
+    }
+    if who.is_monitor:
+        listeners = [{"node": node.name, "protocol": x.protocol, "ip_address": x.host or "::",
+                      "port": x.port} for x in node.listeners]
+        out["node"] = node.name
+        out["listeners"] = listeners
+        out["queue_totals"].update({
+            f"{key}_details": details(stats.node_rate(key))
+            for key in ("messages", "messages_ready", "messages_unacknowledged")
+        })
+    return json_response(out)
+
+
+def _queue_totals(shown: list[AMQQueue], chans: list[Any]) -> dict[str, int]:
+    """The overview's counts summed over what a management user may see (node totals, which
+    include deleted queues and closed channels, are not theirs to see)."""
+    totals = dict.fromkeys(("messages", "messages_ready", "messages_unacknowledged",
+                            "publish", "confirm", "return_unroutable", "deliver_get", "ack",
+                            "redeliver"), 0)
+    for q in shown:
+        info = q.info()
+        for key in ("messages", "messages_ready", "messages_unacknowledged"):
+            totals[key] += int(info.get(key, 0))
+        for key, attr in (("deliver_get", "delivered"), ("ack", "acked"),
+                          ("redeliver", "redelivered")):
+            totals[key] += int(getattr(q, attr, 0) or 0)
+    for ch in chans:
+        for key, attr in (("publish", "published"), ("confirm", "confirmed"),
+                          ("return_unroutable", "returned")):
+            totals[key] += int(getattr(ch, attr, 0) or 0)
+    return totals
 
 
 def node_json(node: Node) -> dict[str, Any]:
@@ -184,53 +215,75 @@ async def node_one(request: web.Request) -> web.Response:
     return json_response(node_json(node))
 
 
+async def auth_attempts(request: web.Request) -> web.Response:
+    """Login attempts per protocol since start (RabbitMQ's /api/auth/attempts/{node})."""
+    node = request.app[NODE]
+    if request.match_info["name"] != node.name:
+        raise ApiError(404, "Not Found")
+    return json_response([
+        {"protocol": protocol, "auth_attempts": c.attempts, "auth_attempts_failed": c.failed,
+         "auth_attempts_succeeded": c.succeeded}
+        for protocol, c in sorted(node.auth.attempts.items())
+    ])
+
+
 # -- connections, channels, consumers -----------------------------------------------------------
 async def connections(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    names = {v.name for v in _vhosts(request)}
+    who = caller(request)
+    names = {v.name for v in await visible_vhosts(request, monitor_sees_all=True)}
     return json_response(_sort(request, [
         connection_json(conn, node) for conn in opened_connections(node)
-        if conn.vhost.name in names
+        if conn.vhost.name in names and who.sees(conn)
     ]))
 
 
-def _connection(node: Node, name: str) -> Reader:
-    for conn in opened_connections(node):
+def _connection(request: web.Request, name: str) -> Reader:
+    """A connection the caller may see: its own, or any for monitoring and administrators
+    (RabbitMQ answers 401 for another user's, not 404)."""
+    for conn in opened_connections(request.app[NODE]):
         if conn.name == name:
+            if not caller(request).sees(conn):
+                raise ApiError(401, NOT_YOURS)
             return conn
     raise ApiError(404, "Not Found")
 
 
 async def connection_one(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    return json_response(connection_json(_connection(node, request.match_info["name"]), node))
+    return json_response(connection_json(_connection(request, request.match_info["name"]),
+                                         node))
 
 
 async def connection_delete(request: web.Request) -> web.Response:
-    """Close with 320 CONNECTION_FORCED; the reason comes from X-Reason, as RabbitMQ."""
-    node = request.app[NODE]
-    conn = _connection(node, request.match_info["name"])
+    """Close with 320 CONNECTION_FORCED; the reason comes from X-Reason, as RabbitMQ. Only
+    administrators close other users' connections (monitoring users see them, no more)."""
+    conn = _connection(request, request.match_info["name"])
+    if not caller(request).may_close(conn):
+        raise ApiError(401, NOT_YOURS)
     conn.force_close(request.headers.get("X-Reason") or "Closed via management plugin")
     return no_content()
 
 
 async def connection_channels(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    conn = _connection(node, request.match_info["name"])
+    conn = _connection(request, request.match_info["name"])
     return json_response([channel_json(ch, node) for ch in list(conn.channels.values())])
 
 
 async def channels_list(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    names = {v.name for v in _vhosts(request)}
+    who = caller(request)
+    names = {v.name for v in await visible_vhosts(request, monitor_sees_all=True)}
     return json_response(_sort(request, [
-        channel_json(ch, node) for ch in channels(node) if ch.vhost.name in names
+        channel_json(ch, node) for ch in channels(node)
+        if ch.vhost.name in names and who.sees(ch.reader)
     ]))
 
 
 async def consumers(request: web.Request) -> web.Response:
     out: list[dict[str, Any]] = []
-    for vhost in _vhosts(request):
+    for vhost in await visible_vhosts(request):
         for q in list(vhost.queues.values()):
             out.extend(consumer_json(c) for c in list(q.consumers))
     return json_response(out)
@@ -240,7 +293,7 @@ async def consumers(request: web.Request) -> web.Response:
 async def exchanges(request: web.Request) -> web.Response:
     return json_response(_sort(request, [
         exchange_json(ex, vhost)
-        for vhost in _vhosts(request) for ex in list(vhost.exchanges.values())
+        for vhost in await visible_vhosts(request) for ex in list(vhost.exchanges.values())
     ]))
 
 
@@ -256,6 +309,7 @@ async def exchange_put(request: web.Request) -> web.Response:
     type_ = body.get("type")
     if not isinstance(type_, str) or not type_:
         raise ApiError(400, "type must be set")
+    await require_declare(request, vhost, "exchange", name, _arguments(body))
     existed = name in vhost.exchanges
     vhost.declare_exchange(
         name, type_,
@@ -270,6 +324,7 @@ async def exchange_put(request: web.Request) -> web.Response:
 async def exchange_delete(request: web.Request) -> web.Response:
     vhost = vhost_of(request.app[NODE], request.match_info["vhost"])
     ex = _exchange(vhost, request.match_info["name"])
+    await require(request, vhost.name, "exchange", ex.name, "configure")
     vhost.delete_exchange(ex.name, if_unused=_bool(request, "if-unused"))
     return no_content()
 
@@ -294,7 +349,7 @@ async def queues_list(request: web.Request) -> web.Response:
     stats = request.app[STATS]
     return json_response(_sort(request, [
         queue_json(q, stats, node.name)
-        for vhost in _vhosts(request) for q in list(vhost.queues.values())
+        for vhost in await visible_vhosts(request) for q in list(vhost.queues.values())
     ]))
 
 
@@ -320,6 +375,7 @@ async def queue_put(request: web.Request) -> web.Response:
     body = await read_json(request)
     if body.get("exclusive"):
         raise ApiError(400, "exclusive queues cannot be declared over HTTP (no connection)")
+    await require_declare(request, vhost, "queue", name, _arguments(body))
     existed = name in vhost.queues
     vhost.declare_queue(
         name,
@@ -333,6 +389,7 @@ async def queue_put(request: web.Request) -> web.Response:
 async def queue_delete(request: web.Request) -> web.Response:
     vhost = vhost_of(request.app[NODE], request.match_info["vhost"])
     q = _queue(vhost, request.match_info["name"])
+    await require(request, vhost.name, "queue", q.name, "configure")
     vhost.delete_queue(
         q, if_unused=_bool(request, "if-unused"), if_empty=_bool(request, "if-empty")
     )
@@ -341,7 +398,9 @@ async def queue_delete(request: web.Request) -> web.Response:
 
 async def queue_purge(request: web.Request) -> web.Response:
     vhost = vhost_of(request.app[NODE], request.match_info["vhost"])
-    _queue(vhost, request.match_info["name"]).purge()
+    q = _queue(vhost, request.match_info["name"])
+    await require(request, vhost.name, "queue", q.name, "read")
+    q.purge()
     return no_content()
 
 
@@ -354,7 +413,8 @@ async def queue_bindings(request: web.Request) -> web.Response:
 
 # -- bindings -----------------------------------------------------------------------------------
 async def bindings(request: web.Request) -> web.Response:
-    return json_response([b for vhost in _vhosts(request) for b in bindings_of(vhost)])
+    return json_response([b for vhost in await visible_vhosts(request)
+                          for b in bindings_of(vhost)])
 
 
 def _binding_ends(request: web.Request) -> tuple[VHost, Exchange, str, str]:
@@ -367,6 +427,15 @@ def _binding_ends(request: web.Request) -> tuple[VHost, Exchange, str, str]:
     else:
         _exchange(vhost, dest)
     return vhost, source, kind, dest
+
+
+async def _require_binding(request: web.Request, vhost: VHost, source: Exchange, kind: str,
+                           dest: str, routing_key: str) -> None:
+    """What queue.bind / exchange.bind need: write on the destination, read on the source,
+    and read on the routing key when the source is a topic exchange."""
+    await require(request, vhost.name, kind, dest, "write")
+    await require(request, vhost.name, "exchange", source.name, "read")
+    await require_topic(request, vhost.name, source.name, [routing_key], "read")
 
 
 async def bindings_between(request: web.Request) -> web.Response:
@@ -385,6 +454,7 @@ async def binding_post(request: web.Request) -> web.Response:
     if not isinstance(routing_key, str):
         raise ApiError(400, "routing_key must be a string")
     args = _arguments(body)
+    await _require_binding(request, vhost, source, kind, dest, routing_key)
     if kind == "queue":
         vhost.bind_queue(vhost.queues[dest], source.name, routing_key, args)
     else:
@@ -400,6 +470,7 @@ async def binding_delete(request: web.Request) -> web.Response:
     for b in bindings_of(vhost, implicit=False):
         if (b["source"] == source.name and b["destination"] == dest
                 and b["destination_type"] == kind and unquote(b["properties_key"]) == props):
+            await _require_binding(request, vhost, source, kind, dest, b["routing_key"])
             if kind == "queue":
                 vhost.unbind_queue(vhost.queues[dest], source.name, b["routing_key"],
                                    b["arguments"])
@@ -420,37 +491,43 @@ async def binding_one(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    r = app.router
-    r.add_get("/api/overview", overview)
-    r.add_get("/api/nodes", nodes)
-    r.add_get("/api/nodes/{name}", node_one)
-    r.add_get("/api/connections", connections)
-    r.add_get("/api/vhosts/{vhost}/connections", connections)
-    r.add_get("/api/connections/{name}", connection_one)
-    r.add_delete("/api/connections/{name}", connection_delete)
-    r.add_get("/api/connections/{name}/channels", connection_channels)
-    r.add_get("/api/channels", channels_list)
-    r.add_get("/api/vhosts/{vhost}/channels", channels_list)
-    r.add_get("/api/consumers", consumers)
-    r.add_get("/api/consumers/{vhost}", consumers)
-    r.add_get("/api/exchanges", exchanges)
-    r.add_get("/api/exchanges/{vhost}", exchanges)
-    r.add_get("/api/exchanges/{vhost}/{name}", exchange_one)
-    r.add_put("/api/exchanges/{vhost}/{name}", exchange_put)
-    r.add_delete("/api/exchanges/{vhost}/{name}", exchange_delete)
-    r.add_get("/api/exchanges/{vhost}/{name}/bindings/{side:source|destination}",
-              exchange_bindings)
-    r.add_get("/api/queues", queues_list)
-    r.add_get("/api/queues/{vhost}", queues_list)
-    r.add_get("/api/queues/{vhost}/{name}", queue_one)
-    r.add_put("/api/queues/{vhost}/{name}", queue_put)
-    r.add_delete("/api/queues/{vhost}/{name}", queue_delete)
-    r.add_delete("/api/queues/{vhost}/{name}/contents", queue_purge)
-    r.add_get("/api/queues/{vhost}/{name}/bindings", queue_bindings)
-    r.add_get("/api/bindings", bindings)
-    r.add_get("/api/bindings/{vhost}", bindings)
-    ends = "/api/bindings/{vhost}/e/{source}/{kind:q|e}/{dest}"
-    r.add_get(ends, bindings_between)
-    r.add_post(ends, binding_post)
-    r.add_get(ends + "/{props}", binding_one)
-    r.add_delete(ends + "/{props}", binding_delete)
+    m, mon = Need.MANAGEMENT, Need.MONITORING
+    for method, path, handler, need in (
+        ("GET", "/api/overview", overview, m),
+        ("GET", "/api/nodes", nodes, mon),
+        ("GET", "/api/nodes/{name}", node_one, mon),
+        ("GET", "/api/auth/attempts/{name}", auth_attempts, mon),
+        ("GET", "/api/connections", connections, m),
+        ("GET", "/api/vhosts/{vhost}/connections", connections, m),
+        ("GET", "/api/connections/{name}", connection_one, m),
+        ("DELETE", "/api/connections/{name}", connection_delete, m),
+        ("GET", "/api/connections/{name}/channels", connection_channels, m),
+        ("GET", "/api/channels", channels_list, m),
+        ("GET", "/api/vhosts/{vhost}/channels", channels_list, m),
+        ("GET", "/api/consumers", consumers, m),
+        ("GET", "/api/consumers/{vhost}", consumers, m),
+        ("GET", "/api/exchanges", exchanges, m),
+        ("GET", "/api/exchanges/{vhost}", exchanges, m),
+        ("GET", "/api/exchanges/{vhost}/{name}", exchange_one, m),
+        ("PUT", "/api/exchanges/{vhost}/{name}", exchange_put, m),
+        ("DELETE", "/api/exchanges/{vhost}/{name}", exchange_delete, m),
+        ("GET", "/api/exchanges/{vhost}/{name}/bindings/{side:source|destination}",
+         exchange_bindings, m),
+        ("GET", "/api/queues", queues_list, m),
+        ("GET", "/api/queues/{vhost}", queues_list, m),
+        ("GET", "/api/queues/{vhost}/{name}", queue_one, m),
+        ("PUT", "/api/queues/{vhost}/{name}", queue_put, m),
+        ("DELETE", "/api/queues/{vhost}/{name}", queue_delete, m),
+        ("DELETE", "/api/queues/{vhost}/{name}/contents", queue_purge, m),
+        ("GET", "/api/queues/{vhost}/{name}/bindings", queue_bindings, m),
+        ("GET", "/api/bindings", bindings, m),
+        ("GET", "/api/bindings/{vhost}", bindings, m),
+        ("GET", _ENDS, bindings_between, m),
+        ("POST", _ENDS, binding_post, m),
+        ("GET", _ENDS + "/{props}", binding_one, m),
+        ("DELETE", _ENDS + "/{props}", binding_delete, m),
+    ):
+        add_route(app, method, path, handler, need)
+
+
+_ENDS = "/api/bindings/{vhost}/e/{source}/{kind:q|e}/{dest}"

@@ -5,11 +5,12 @@ As RabbitMQ, only durable queues and exchanges are exported (transient ones are 
 to restore), never the amq.* and default exchanges, nor the implicit default-exchange
 bindings. Policies are in `policies`; operator policies and vhost limits are in `parameters`
 (components `operator_policy` and `vhost-limits`), as RabbitMQ exports them. Import applies
-vhosts, users, permissions, limits, operator policies, policies, exchanges, queues, then
-bindings (policies before the queues they apply to); the first bad item stops it with a 400
-naming that item (what came before it stays applied, as RabbitMQ). What Hare has no notion of
-(other parameter components, global parameters, topic permissions) is ignored and counted in
-the log."""
+vhosts, users (with their limits), permissions, topic permissions, limits, operator policies,
+policies, exchanges, queues, then bindings (policies before the queues they apply to); the
+first bad item stops it with a 400 naming that item (what came before it stays applied, as
+RabbitMQ). What Hare has no notion of (other parameter components, global parameters) is
+ignored and counted in the log. Administrators only, both ways: an import creates users and
+grants permissions."""
 
 from __future__ import annotations
 
@@ -20,20 +21,23 @@ from aiohttp import web
 
 from broker import __version__
 from broker.mgmt.admin import permission_json, put_user, set_permission, user_json
-from broker.mgmt.policies import set_limits, set_policy
+from broker.mgmt.authz import Need, add_route
+from broker.mgmt.policies import prefetch_policy_checks, set_limits, set_policy
 from broker.mgmt.server import NODE, ApiError, json_response, no_content, read_json
+from broker.mgmt.topic_permissions import set_topic_permission, topic_permission_rows
+from broker.mgmt.user_limits import set_user_limit
 from broker.protocol.errors import AMQPError
 from broker.routing.exchange import Exchange
 
 if TYPE_CHECKING:
-    from broker.auth import User
+    from broker.access import Principal
     from broker.node import Node
 
 __all__ = ["add_routes", "export_definitions", "import_definitions"]
 
 log = structlog.get_logger("hare.mgmt")
 
-_IGNORED = ("global_parameters", "topic_permissions")
+_IGNORED = ("global_parameters",)
 _OPERATOR_POLICY = "operator_policy"  # RabbitMQ's parameter components
 _VHOST_LIMITS = "vhost-limits"
 
@@ -92,12 +96,12 @@ def export_definitions(node: Node) -> dict[str, Any]:
         "rabbitmq_version": __version__,
         "product_name": "Hare",
         "product_version": __version__,
-        "users": [user_json(u) for _, u in sorted(node.auth.users.items())],
+        "users": [user_json(u) for _, u in sorted(node.users.users.items())],
         "vhosts": [{"name": name, "limits": [], "metadata": {"description": "", "tags": []}}
                    for name in sorted(node.vhosts)],
         "permissions": [permission_json(node, user, vhost)
-                        for user, vhost in sorted(node.auth.perms)],
-        "topic_permissions": [],
+                        for user, vhost in sorted(node.users.perms)],
+        "topic_permissions": topic_permission_rows(node),
         "parameters": parameters,
         "global_parameters": [],
         "policies": policies,
@@ -130,7 +134,7 @@ def _vhost(node: Node, item: dict[str, Any], section: str) -> Any:
 
 
 def import_definitions(node: Node, defs: dict[str, Any],
-                       user: User | None = None) -> dict[str, int]:
+                       user: Principal | None = None) -> dict[str, int]:
     """Apply a definitions document; returns how many items of each section were applied.
     `user` is who imports it (policies are validated for that user)."""
     done: dict[str, int] = {}
@@ -142,12 +146,22 @@ def import_definitions(node: Node, defs: dict[str, Any],
         body: dict[str, Any] = {k: item[k] for k in fields if k in item}
         if "password" not in body and "password_hash" not in body:
             body["password_hash"] = ""
-        put_user(node, _str(item, "name", "users"), body)
+        name = _str(item, "name", "users")
+        put_user(node, name, body)
+        limits = item.get("limits") or {}
+        if not isinstance(limits, dict):
+            raise ApiError(400, f"users: limits of {name!r} must be an object")
+        for limit, value in limits.items():
+            set_user_limit(node, name, limit, value)
     done["users"] = len(_items(defs, "users"))
     for item in _items(defs, "permissions"):
         set_permission(node, _str(item, "user", "permissions"),
                        _str(item, "vhost", "permissions"), item)
     done["permissions"] = len(_items(defs, "permissions"))
+    for item in _items(defs, "topic_permissions"):
+        set_topic_permission(node, _str(item, "user", "topic_permissions"),
+                             _str(item, "vhost", "topic_permissions"), item)
+    done["topic_permissions"] = len(_items(defs, "topic_permissions"))
     ignored: dict[str, int] = {}
     for item in _items(defs, "parameters"):
         component = item.get("component")
@@ -221,10 +235,15 @@ async def definitions_get(request: web.Request) -> web.Response:
 
 
 async def definitions_post(request: web.Request) -> web.Response:
-    import_definitions(request.app[NODE], await read_json(request), request.get("user"))
+    defs = await read_json(request)
+    for item in _items(defs, "policies"):  # the import's policy checks, asked beforehand
+        vhost = item.get("vhost")
+        if isinstance(vhost, str):
+            await prefetch_policy_checks(request, vhost, item.get("definition"))
+    import_definitions(request.app[NODE], defs, request.get("user"))
     return no_content()
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_get("/api/definitions", definitions_get)
-    app.router.add_post("/api/definitions", definitions_post)
+    add_route(app, "GET", "/api/definitions", definitions_get, Need.ADMINISTRATOR)
+    add_route(app, "POST", "/api/definitions", definitions_post, Need.ADMINISTRATOR)

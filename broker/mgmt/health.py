@@ -20,10 +20,10 @@ from pamqp import commands
 from broker.flow.alarm import DISK, MEMORY
 from broker.message import Message, encode_properties
 from broker.mgmt.api import vhost_of
+from broker.mgmt.authz import Need, add_route, require, require_declare
 from broker.mgmt.server import NODE, ApiError, json_response
 
 if TYPE_CHECKING:
-    from broker.auth import User
     from broker.node import Node
 
 __all__ = ["add_routes", "listening_ports"]
@@ -90,12 +90,13 @@ async def virtual_hosts_check(request: web.Request) -> web.Response:
 async def aliveness_test(request: web.Request) -> web.Response:
     """As RabbitMQ 3.10: declare the non-durable queue `aliveness-test` (left in place, so
     frequent probes do not churn definitions), publish "test_message" to it through the
-    default exchange and get it back."""
+    default exchange and get it back: with the caller's AMQP permissions, as RabbitMQ (401
+    `ACCESS_REFUSED - access to queue 'aliveness-test' ...` without them)."""
     node = request.app[NODE]
     vhost = vhost_of(node, request.match_info["vhost"])
-    user: User = request["user"]
-    if node.auth.permissions(user.name, vhost.name) is None:
-        raise ApiError(401, "User not authorised to access virtual host", "not_authorised")
+    await require_declare(request, vhost, "queue", ALIVENESS_QUEUE, None)
+    await require(request, vhost.name, "exchange", "", "write")
+    await require(request, vhost.name, "queue", ALIVENESS_QUEUE, "read")
     q = vhost.declare_queue(ALIVENESS_QUEUE)
     msg = Message("", ALIVENESS_QUEUE, encode_properties(commands.Basic.Properties()),
                   b"test_message")
@@ -108,12 +109,14 @@ async def aliveness_test(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    r = app.router
-    r.add_get("/api/healthchecks/node", node_check)
-    r.add_get("/api/health/checks/alarms",
-              _alarms_check("There are alarms in effect in the cluster"))
-    r.add_get("/api/health/checks/local-alarms",
-              _alarms_check("There are alarms in effect on the node"))
-    r.add_get("/api/health/checks/port-listener/{port}", port_listener_check)
-    r.add_get("/api/health/checks/virtual-hosts", virtual_hosts_check)
-    r.add_get("/api/aliveness-test/{vhost}", aliveness_test)
+    # any management tag, as RabbitMQ 3.10.8 (the aliveness test needs AMQP permissions too)
+    for path, handler in (
+        ("/api/healthchecks/node", node_check),
+        ("/api/health/checks/alarms", _alarms_check("There are alarms in effect in the cluster")),
+        ("/api/health/checks/local-alarms",
+         _alarms_check("There are alarms in effect on the node")),
+        ("/api/health/checks/port-listener/{port}", port_listener_check),
+        ("/api/health/checks/virtual-hosts", virtual_hosts_check),
+        ("/api/aliveness-test/{vhost}", aliveness_test),
+    ):
+        add_route(app, "GET", path, handler, Need.MANAGEMENT)

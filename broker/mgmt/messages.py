@@ -5,7 +5,9 @@
 
 Not for production traffic (no confirms, no flow control), as RabbitMQ warns too. A publish is
 routed like a channel's (alternate exchanges included) and handed to each queue's mailbox the
-way dead-lettering does it."""
+way dead-lettering does it. Both need what a channel would: write on the exchange (and on
+every routing key, CC and BCC included, of a topic exchange with topic permissions) and a
+`user_id` that is the caller's own; read on the queue."""
 
 from __future__ import annotations
 
@@ -19,7 +21,10 @@ from pamqp import commands
 
 from broker.message import Message, encode_properties
 from broker.mgmt.api import DEFAULT_EXCHANGE_ALIAS, vhost_of
+from broker.mgmt.authz import Need, add_route, caller, require, require_topic
 from broker.mgmt.server import NODE, ApiError, json_response, read_json
+from broker.protocol.errors import AMQPError
+from broker.routing.router import routing_keys
 
 __all__ = ["add_routes"]
 
@@ -86,7 +91,18 @@ async def publish(request: web.Request) -> web.Response:
     else:
         raise ApiError(400, "payload_encoding must be 'string' or 'base64'")
     props = _properties(body.get("properties") or {})
+    await require(request, vhost.name, "exchange", ex.name, "write", publishing=True)
+    who = caller(request)
+    if props.user_id is not None and props.user_id != who.name \
+            and "impersonator" not in who.tags:
+        raise ApiError(400, f"406 PRECONDITION_FAILED - user_id property set to "
+                            f"'{props.user_id}' but authenticated user was '{who.name}'")
     msg = Message(ex.name, routing_key, encode_properties(props), data)
+    try:
+        keys = routing_keys(msg)
+    except AMQPError as exc:  # a CC or BCC header that is not an array
+        raise ApiError(400, f"{exc.code} {exc.reply_text}") from None
+    await require_topic(request, vhost.name, ex.name, keys, "write", publishing=True)
     queues = list(vhost.route(ex, msg))
     for q in queues:
         q.post_publishes(None, [(msg, 0)])
@@ -98,6 +114,7 @@ async def get(request: web.Request) -> web.Response:
     q = vhost.queues.get(request.match_info["name"])
     if q is None:
         raise ApiError(404, "Not Found")
+    await require(request, vhost.name, "queue", q.name, "read")
     body = await read_json(request)
     count = body.get("count", 1)
     ackmode = body.get("ackmode", "ack_requeue_true")
@@ -145,5 +162,5 @@ async def get(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/api/exchanges/{vhost}/{name}/publish", publish)
-    app.router.add_post("/api/queues/{vhost}/{name}/get", get)
+    add_route(app, "POST", "/api/exchanges/{vhost}/{name}/publish", publish, Need.MANAGEMENT)
+    add_route(app, "POST", "/api/queues/{vhost}/{name}/get", get, Need.MANAGEMENT)

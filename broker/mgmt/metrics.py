@@ -100,6 +100,18 @@ class HareCollector(Collector):
         ):
             yield CounterMetricFamily(name, text, totals[key])
 
+        # RabbitMQ's auth attempt counters (rabbitmq_prometheus), per protocol
+        attempts = node.auth.attempts
+        for name, field, text in (
+            ("rabbitmq_auth_attempts", "attempts", "Login attempts"),
+            ("rabbitmq_auth_attempts_failed", "failed", "Refused login attempts"),
+            ("rabbitmq_auth_attempts_succeeded", "succeeded", "Accepted login attempts"),
+        ):
+            family = CounterMetricFamily(name, text, labels=["protocol"])
+            for protocol, counts in sorted(attempts.items()):
+                family.add_metric([protocol], getattr(counts, field))
+            yield family
+
         yield GaugeMetricFamily("rabbitmq_process_resident_memory_bytes",
                                 "Resident memory of the broker process", process_memory())
         alarms = node.alarms_active()

@@ -1,6 +1,11 @@
 """/api/policies, /api/operator-policies and /api/vhost-limits: RabbitMQ's paths, JSON and
 status codes. A policy set here is validated, stored in the vhost (which applies it to its
-queues and exchanges at once) and written to the definitions database."""
+queues and exchanges at once) and written to the definitions database.
+
+Who may: policies are read by any management tag in its own vhosts and set by policymakers
+(and administrators); operator policies and vhost limits are set by administrators only. A
+policy that names a dead-letter or alternate exchange also needs write on that exchange from
+whoever sets it (docs/SECURITY.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from broker.access import AccessRefused
 from broker.mgmt.api import vhost_of
+from broker.mgmt.authz import Need, add_route, caller, visible_vhosts
 from broker.mgmt.server import (
     NODE,
     ApiError,
@@ -20,28 +27,54 @@ from broker.mgmt.server import (
 from broker.policy import Policy, PolicyInvalid, parse_limits, parse_policy
 
 if TYPE_CHECKING:
-    from broker.auth import User
+    from broker.access import Principal
     from broker.node import Node
     from broker.vhost import VHost
 
-__all__ = ["add_routes", "limits_json", "set_limits", "set_policy", "validate_policy"]
+__all__ = [
+    "add_routes",
+    "limits_json",
+    "prefetch_policy_checks",
+    "set_limits",
+    "set_policy",
+    "validate_policy",
+]
 
 
 def validate_policy(node: Node, vhost: VHost, name: str, body: dict[str, Any], *,
-                    operator: bool, user: User | None) -> Policy:
+                    operator: bool, user: Principal | None) -> Policy:
     """Every policy passes here before it is stored: PUT over HTTP and definitions import.
 
-    The seam for access control: a check that `user` may set this policy (for example write
-    permission on the dead-letter or alternate exchange it names) belongs in this function,
-    raising ApiError, so no path can store a policy around it."""
+    Whoever sets it needs the permissions its effect needs: write on the dead-letter and
+    alternate exchanges it names (401 with the AMQP reason otherwise), so no path can store a
+    policy around the check. `user` None: the broker itself (restoring at start)."""
     try:
-        return parse_policy(vhost.name, name, body, operator=operator)
+        policy = parse_policy(vhost.name, name, body, operator=operator)
     except PolicyInvalid as exc:
         raise ApiError(400, exc.reason) from exc
+    if user is not None:
+        try:
+            node.auth.check_policy_definition(user, vhost.name, policy.definition)
+        except AccessRefused as exc:
+            raise ApiError(401, exc.reply_text) from None
+    return policy
+
+
+async def prefetch_policy_checks(request: web.Request, vhost: str,
+                                 definition: object) -> None:
+    """Ask a network auth backend what `validate_policy` will check, so its synchronous
+    check finds the answer cached (the internal backend answers at once anyway)."""
+    if isinstance(definition, dict):
+        auth = request.app[NODE].auth
+        try:
+            await auth.settle(auth.check_policy_definition, caller(request).principal, vhost,
+                              definition)
+        except AccessRefused:
+            pass  # validate_policy refuses it with the full answer
 
 
 def set_policy(node: Node, vhost: VHost, name: str, body: dict[str, Any], *,
-               operator: bool, user: User | None) -> bool:
+               operator: bool, user: Principal | None) -> bool:
     """Validate, store and apply; True when the policy is new."""
     policy = validate_policy(node, vhost, name, body, operator=operator, user=user)
     return vhost.params.put_policy(policy)
@@ -56,10 +89,7 @@ def _policies(vhost: VHost, operator: bool) -> list[Policy]:
 
 
 async def policies_list(request: web.Request) -> web.Response:
-    node = request.app[NODE]
-    name = request.match_info.get("vhost")
-    vhosts = [vhost_of(node, name)] if name is not None else [
-        node.vhosts[v] for v in sorted(node.vhosts)]
+    vhosts = sorted(await visible_vhosts(request), key=lambda v: v.name)
     operator = _operator(request)
     return json_response([p.json() for v in vhosts for p in _policies(v, operator)])
 
@@ -81,6 +111,7 @@ async def policy_put(request: web.Request) -> web.Response:
     node = request.app[NODE]
     vhost = vhost_of(node, request.match_info["vhost"])
     body = await read_json(request)
+    await prefetch_policy_checks(request, vhost.name, body.get("definition"))
     created = set_policy(node, vhost, request.match_info["name"], body,
                          operator=_operator(request), user=request.get("user"))
     return created_or_updated(created)
@@ -109,11 +140,8 @@ def set_limits(vhost: VHost, value: dict[str, Any]) -> None:
 
 
 async def limits_list(request: web.Request) -> web.Response:
-    node = request.app[NODE]
-    name = request.match_info.get("vhost")
-    if name is not None:
-        return json_response(limits_json(vhost_of(node, name)))
-    return json_response([x for v in sorted(node.vhosts) for x in limits_json(node.vhosts[v])])
+    vhosts = sorted(await visible_vhosts(request, monitor_sees_all=True), key=lambda v: v.name)
+    return json_response([x for v in vhosts for x in limits_json(v)])
 
 
 async def limit_put(request: web.Request) -> web.Response:
@@ -134,14 +162,16 @@ async def limit_delete(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    r = app.router
-    for base in ("/api/policies", "/api/operator-policies"):
-        r.add_get(base, policies_list)
-        r.add_get(base + "/{vhost}", policies_list)
-        r.add_get(base + "/{vhost}/{name}", policy_one)
-        r.add_put(base + "/{vhost}/{name}", policy_put)
-        r.add_delete(base + "/{vhost}/{name}", policy_delete)
-    r.add_get("/api/vhost-limits", limits_list)
-    r.add_get("/api/vhost-limits/{vhost}", limits_list)
-    r.add_put("/api/vhost-limits/{vhost}/{name}", limit_put)
-    r.add_delete("/api/vhost-limits/{vhost}/{name}", limit_delete)
+    m = Need.MANAGEMENT
+    for base, setter in (("/api/policies", Need.POLICYMAKER),
+                         ("/api/operator-policies", Need.ADMINISTRATOR)):
+        add_route(app, "GET", base, policies_list, m)
+        add_route(app, "GET", base + "/{vhost}", policies_list, m)
+        add_route(app, "GET", base + "/{vhost}/{name}", policy_one, m)
+        add_route(app, "PUT", base + "/{vhost}/{name}", policy_put, setter)
+        add_route(app, "DELETE", base + "/{vhost}/{name}", policy_delete, setter)
+    add_route(app, "GET", "/api/vhost-limits", limits_list, m)
+    add_route(app, "GET", "/api/vhost-limits/{vhost}", limits_list, m)
+    add_route(app, "PUT", "/api/vhost-limits/{vhost}/{name}", limit_put, Need.ADMINISTRATOR)
+    add_route(app, "DELETE", "/api/vhost-limits/{vhost}/{name}", limit_delete,
+              Need.ADMINISTRATOR)

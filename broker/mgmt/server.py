@@ -1,17 +1,14 @@
 """The management listener: an aiohttp application in the broker's own process and loop.
 
 Handlers read the node's live objects directly (no copies, no locks: one loop runs them all).
-Every /api path needs HTTP basic auth against the broker's users: tag `administrator` may do
-anything, `monitoring` may only read (GET/HEAD), as RabbitMQ. `/` (the page) and `/metrics`
-(as RabbitMQ's prometheus plugin) are open."""
+Every /api path needs HTTP basic auth through the node's auth backends and the tag its route
+declares (broker/mgmt/authz.py). `/` (the page) and `/metrics` (as RabbitMQ's prometheus
+plugin) are open."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import datetime
 import decimal
-import ipaddress
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -20,13 +17,11 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from aiohttp import web
 
-from broker.config import check_password
 from broker.mgmt.stats import SAMPLE_INTERVAL_S, Stats
 from broker.protocol import constants as c
 from broker.protocol.errors import AMQPError
 
 if TYPE_CHECKING:
-    from broker.auth import User
     from broker.node import Node
     from broker.server.listener import Listener
 
@@ -50,11 +45,6 @@ STATS = web.AppKey("stats", Stats)
 PAGE = Path(__file__).with_name("static") / "index.html"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-_OPEN_PATHS = ("/", "/index.html", "/metrics")
-_READ_METHODS = ("GET", "HEAD", "OPTIONS")
-# Reads that hand out password hashes or the access rules: administrators only, as RabbitMQ
-_ADMIN_READS = ("/api/users", "/api/definitions", "/api/permissions")
 
 # An AMQP error raised by a vhost method, as an HTTP status (RabbitMQ's mapping).
 _STATUS = {
@@ -120,30 +110,6 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _loopback(request: web.Request) -> bool:
-    try:
-        return ipaddress.ip_address((request.remote or "").split("%")[0]).is_loopback
-    except ValueError:
-        return False
-
-
-def authenticate(node: Node, request: web.Request) -> User:
-    header = request.headers.get("Authorization", "")
-    scheme, _, encoded = header.partition(" ")
-    if scheme.lower() != "basic":
-        raise ApiError(401, "Not_Authorized")
-    try:
-        name, sep, password = base64.b64decode(encoded, validate=True).decode().partition(":")
-    except (binascii.Error, UnicodeDecodeError) as exc:
-        raise ApiError(401, "Not_Authorized") from exc
-    user = node.auth.users.get(name)
-    if not sep or user is None or not check_password(password, user.password_hash):
-        raise ApiError(401, "Not_Authorized")
-    if name in node.auth.loopback_users and not _loopback(request):
-        raise ApiError(401, f"User '{name}' can only log in via localhost")
-    return user
-
-
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
@@ -159,25 +125,6 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except AMQPError as exc:
         status = _STATUS.get(exc.code, 400)
         return json_response({"error": "bad_request", "reason": exc.text}, status)
-
-
-def _admin_read(path: str) -> bool:
-    return path.startswith(_ADMIN_READS) or path.endswith("/permissions")
-
-
-@web.middleware
-async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.path in _OPEN_PATHS or not request.path.startswith("/api"):
-        return await handler(request)
-    user = authenticate(request.app[NODE], request)
-    tags = set(user.tags)
-    if "administrator" not in tags:
-        if "monitoring" not in tags:
-            raise ApiError(401, "Not management user")
-        if request.method not in _READ_METHODS or _admin_read(request.path):
-            raise ApiError(401, "Not administrator user")
-    request["user"] = user
-    return await handler(request)
 
 
 async def _page(request: web.Request) -> web.StreamResponse:
@@ -197,9 +144,20 @@ class ManagementServer:
 
 
 def build_app(node: Node, stats: Stats) -> web.Application:
-    from broker.mgmt import admin, api, definitions, health, messages, metrics, policies
+    from broker.mgmt import (
+        admin,
+        api,
+        authz,
+        definitions,
+        health,
+        messages,
+        metrics,
+        policies,
+        topic_permissions,
+        user_limits,
+    )
 
-    app = web.Application(middlewares=[_errors, _auth])
+    app = web.Application(middlewares=[_errors, authz.authorize])
     app[NODE] = node
     app[STATS] = stats
     app.router.add_get("/", _page)
@@ -211,6 +169,8 @@ def build_app(node: Node, stats: Stats) -> web.Application:
     messages.add_routes(app)
     policies.add_routes(app)
     health.add_routes(app)
+    topic_permissions.add_routes(app)
+    user_limits.add_routes(app)
     return app
 
 

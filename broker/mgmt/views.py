@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from broker import __version__
-from broker.auth import rfc4514
+from broker.access import rfc4514
 from broker.mgmt.stats import QUEUE_COUNTERS, Stats, details
 from broker.routing.exchange import Binding, Exchange
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-import re
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import structlog
 from pamqp import commands
 
+from broker.access import Pending
 from broker.flow.credit_flow import CreditFlow
 from broker.flow.mailbox import Mailbox
 from broker.message import Message
@@ -42,7 +42,7 @@ from broker.protocol.constants import (
 from broker.protocol.errors import AMQPError, ChannelError, ConnectionError_
 from broker.queue.arguments import consumer_priority
 from broker.queue.consumer import Consumer
-from broker.routing.router import may_have_cc
+from broker.routing.router import may_have_cc, routing_keys
 from broker.server.direct_reply import REPLY_PREFIX, REPLY_QUEUE, may_reply_to
 
 if TYPE_CHECKING:
@@ -70,6 +70,9 @@ class Channel:
         self.writer = reader.writer
         self.vhost = reader.vhost
         self.user = reader.user
+        assert reader.principal is not None
+        self.principal = reader.principal
+        self.auth = reader.node.auth
         self.frame_max = reader.frame_max
         self.mailbox = Mailbox()
         self.state = _OPEN  # see broker/protocol/channel_state.py
@@ -82,8 +85,12 @@ class Channel:
         self._confirm_flush_scheduled = False
         self._batch: dict[AMQQueue, list[tuple[Message, int]]] = {}
         # exchanges this channel may publish to (write permission, not internal), by name;
-        # kept as the object checked so a deleted-and-redeclared exchange is checked again
+        # kept as the object checked so a deleted-and-redeclared exchange is checked again.
+        # Dropped when the backend's permissions generation moves (checked once a batch), so
+        # a narrowed permission holds from the next publish.
         self._write_ok: dict[str, Exchange] = {}
+        self._topic_write: dict[str, Exchange] = {}  # of those, topic exchanges with key checks
+        self._perm_gen = self.principal.backend.generation
         self.tx = False
         self._tx_publishes: list[tuple[Exchange, Message, bool]] = []
         self._tx_acks: list[tuple[str, int, bool, bool]] = []
@@ -121,40 +128,61 @@ class Channel:
 
     async def _run(self) -> None:
         mailbox = self.mailbox
+        backend = self.principal.backend
         while True:
             batch = await mailbox.get()
+            if backend.generation != self._perm_gen:
+                self._perm_gen = backend.generation
+                self._write_ok.clear()
+                self._topic_write.clear()
             publishes = 0
             for cmd in batch:
                 if cmd is _STOP:
                     self._flush_batch()
                     self._terminate()
                     return
-                try:
-                    kind = cmd[0]
-                    if kind == "content":
-                        publishes += 1
+                if cmd[0] == "content":
+                    publishes += 1
+                while True:
+                    try:
+                        self._command(cmd)
+                    except Pending as pending:
+                        # an auth backend must be asked: what came before goes out first,
+                        # then the same command runs again with the answer cached
+                        self._flush_batch()
+                        await pending.wait()
                         if self.state is _OPEN:
-                            self._publish(cmd[1], cmd[2], cmd[3])
-                    elif self.state is not _OPEN:
-                        if kind == "method":
-                            self._not_open(cmd[1])
-                    elif kind == "method":
-                        self._method(cmd[1])
-                    else:
-                        self._notify_cancel(cmd[1])
-                except ChannelError as exc:
-                    self._flush_batch()
-                    self._fail(exc)
-                except ConnectionError_ as exc:
-                    self._flush_batch()
-                    self.reader.connection_error(exc)
-                except Exception as exc:
-                    log.exception("channel error", channel=self.number, conn=self.reader.name)
-                    self._flush_batch()
-                    self._fail(ChannelError(INTERNAL_ERROR, f"internal error: {exc!r}"))
+                            continue
+                    break
             self._flush_batch()
             if publishes:
                 self.credit_flow.ack_many(self.reader, publishes)
+
+    def _command(self, cmd: tuple[Any, ...]) -> None:
+        try:
+            kind = cmd[0]
+            if kind == "content":
+                if self.state is _OPEN:
+                    self._publish(cmd[1], cmd[2], cmd[3])
+            elif self.state is not _OPEN:
+                if kind == "method":
+                    self._not_open(cmd[1])
+            elif kind == "method":
+                self._method(cmd[1])
+            else:
+                self._notify_cancel(cmd[1])
+        except ChannelError as exc:
+            self._flush_batch()
+            self._fail(exc)
+        except ConnectionError_ as exc:
+            self._flush_batch()
+            self.reader.connection_error(exc)
+        except Pending:
+            raise
+        except Exception as exc:
+            log.exception("channel error", channel=self.number, conn=self.reader.name)
+            self._flush_batch()
+            self._fail(ChannelError(INTERNAL_ERROR, f"internal error: {exc!r}"))
 
     def stop(self) -> None:
         """The connection is going: process what was received, then release everything."""
@@ -248,16 +276,15 @@ class Channel:
 
     # -- permissions ------------------------------------------------------------------------
     def _check(self, kind: str, what: str, name: str) -> None:
-        perms = self.reader.permissions
-        pattern: re.Pattern[str] | None = getattr(perms, kind) if perms else None
-        resource = name or "amq.default"
-        # an unanchored search, as RabbitMQ's re:run: "^app\\." allows "app.orders"
-        if pattern is None or not pattern.search(resource):
-            raise ChannelError(
-                ACCESS_REFUSED,
-                f"access to {what} '{resource}' in vhost '{self.vhost.name}' refused for "
-                f"user '{self.user}'",
-            )
+        """`kind` configure, write or read on the exchange or queue `name` (403 if not)."""
+        self.auth.check_resource(self.principal, self.vhost.name, what, name, kind)
+
+    def _check_topic(self, exchange: str, routing_key: str, permission: str) -> None:
+        """Topic authorisation: a routing key on a topic exchange."""
+        ex = self.vhost.exchanges.get(exchange)
+        if ex is not None and ex.type == "topic":
+            self.auth.check_topic(self.principal, self.vhost.name, exchange, routing_key,
+                                  permission)
 
     # -- channel ----------------------------------------------------------------------------
     def _channel_close(self, m: commands.Channel.Close) -> None:
@@ -299,7 +326,8 @@ class Channel:
     # -- exchanges --------------------------------------------------------------------------
     def _exchange_declare(self, m: commands.Exchange.Declare) -> None:
         if not m.passive:
-            self._check("configure", "exchange", m.exchange)
+            self.auth.check_declare(self.principal, self.vhost.name, "exchange", m.exchange,
+                                    m.arguments, new=m.exchange not in self.vhost.exchanges)
         self.vhost.declare_exchange(
             m.exchange,
             m.exchange_type,
@@ -322,6 +350,7 @@ class Channel:
     def _exchange_bind(self, m: commands.Exchange.Bind) -> None:
         self._check("write", "exchange", m.destination)
         self._check("read", "exchange", m.source)
+        self._check_topic(m.source, m.routing_key, "read")
         self.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments or {})
         if not m.nowait:
             self._send(commands.Exchange.BindOk())
@@ -329,6 +358,7 @@ class Channel:
     def _exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
         self._check("write", "exchange", m.destination)
         self._check("read", "exchange", m.source)
+        self._check_topic(m.source, m.routing_key, "read")
         self.vhost.unbind_exchange(m.destination, m.source, m.routing_key, m.arguments or {})
         if not m.nowait:
             self._send(commands.Exchange.UnbindOk())
@@ -339,11 +369,15 @@ class Channel:
         if name == REPLY_QUEUE or name.startswith(REPLY_PREFIX):
             self._declare_reply_queue(m)
             return
-        server_named = not m.passive and not name
-        if server_named:
-            name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+        server_named = getattr(m, "server_named", False) or (not m.passive and not name)
+        if server_named and not name:
+            # kept on the method: a check that waits for an auth backend runs it again
+            name = m.queue = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode(
+            ).rstrip("=")
+            m.server_named = True
         if not m.passive:  # RabbitMQ checks a server-named queue's generated name too
-            self._check("configure", "queue", name)
+            self.auth.check_declare(self.principal, self.vhost.name, "queue", name,
+                                    m.arguments, new=name not in self.vhost.queues)
         q = self.vhost.declare_queue(
             name,
             server_named=server_named,
@@ -386,6 +420,7 @@ class Channel:
         m.queue = self._last_queue(m.queue)
         self._check("write", "queue", m.queue)
         self._check("read", "exchange", m.exchange)
+        self._check_topic(m.exchange, m.routing_key, "read")
         q = self.vhost.queue(m.queue, self.reader)
         self.vhost.bind_queue(q, m.exchange, m.routing_key, m.arguments or {})
         if not m.nowait:
@@ -397,6 +432,7 @@ class Channel:
         m.queue = self._last_queue(m.queue)
         self._check("write", "queue", m.queue)
         self._check("read", "exchange", m.exchange)
+        self._check_topic(m.exchange, m.routing_key, "read")
         q = self.vhost.queue(m.queue, self.reader) if m.queue in self.vhost.queues else None
         self.vhost.unbind_queue(q, m.exchange, m.routing_key, m.arguments or {})
         self._send(commands.Queue.UnbindOk())
@@ -681,7 +717,13 @@ class Channel:
                     (60, 40),
                 )
             self._write_ok[exchange] = ex
+            self._topic_write.pop(exchange, None)
+            if ex.type == "topic" and self.auth.topic_checked(self.principal, self.vhost.name,
+                                                              exchange):
+                self._topic_write[exchange] = ex
         msg = Message(exchange, routing_key, props, body, 0, address)
+        if self._topic_write and exchange in self._topic_write:
+            self._check_topic_keys(msg)
         # expiration, reply_to, user_id: the raw flags first, decoding only when one is set
         if len(props) >= 2 and (props[0] & 0x03 or props[1] & 0x10):
             msg = self._check_properties(msg)
@@ -695,6 +737,17 @@ class Channel:
             return
         self._route(ex, msg, mandatory, seq)
 
+    def _check_topic_keys(self, msg: Message) -> None:
+        """Write on every routing key the message will be routed by: its own and, as
+        RabbitMQ 4.0.3+ does, those in its CC and BCC headers."""
+        try:
+            for key in routing_keys(msg):
+                self.auth.check_topic(self.principal, self.vhost.name, msg.exchange, key,
+                                      "write")
+        except AMQPError as exc:
+            exc.method = (60, 40)
+            raise
+
     def _check_properties(self, msg: Message) -> Message:
         """RabbitMQ's check_user_id_header and check_expiration_header (406 on publish), and
         the direct reply-to rewrite of reply_to. Returns the message to route."""
@@ -705,15 +758,14 @@ class Channel:
             return msg
         props = msg.properties
         user_id = props.user_id
-        if user_id is not None and user_id != self.user:
-            user = self.reader.node.auth.users.get(self.user)
-            if user is None or "impersonator" not in user.tags:
-                raise ChannelError(
-                    PRECONDITION_FAILED,
-                    f"user_id property set to '{user_id}' but authenticated user was "
-                    f"'{self.user}'",
-                    (60, 40),
-                )
+        if (user_id is not None and user_id != self.user
+                and "impersonator" not in self.principal.tags):
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"user_id property set to '{user_id}' but authenticated user was "
+                f"'{self.user}'",
+                (60, 40),
+            )
         expiration = props.expiration
         if expiration is not None:
             text = expiration

@@ -17,13 +17,21 @@ import structlog
 from pamqp import commands
 
 from broker import __version__
-from broker.auth import LoginRefused
+from broker.access import (
+    LoginRefused,
+    MechanismError,
+    Pending,
+    Principal,
+    offered,
+    parse_response,
+)
 from broker.flow.alarm import blocked_reason
 from broker.flow.credit_flow import CreditFlow
 from broker.protocol import frames
 from broker.protocol.command_assembler import CommandAssembler
 from broker.protocol.connection_state import ConnectionAction, ConnectionState, connection_step
 from broker.protocol.constants import (
+    ACCESS_REFUSED,
     CHANNEL_ERROR,
     CONNECTION_FORCED,
     FRAME_BODY,
@@ -41,7 +49,8 @@ from broker.server.channel import Channel
 from broker.server.writer import Writer
 
 if TYPE_CHECKING:
-    from broker.auth import Permissions
+    from collections.abc import Awaitable, Callable
+
     from broker.node import Node
     from broker.vhost import VHost
 
@@ -93,8 +102,12 @@ class Reader(asyncio.Protocol):
         self.peer = ("?", 0)
         self.tls: ssl.SSLObject | None = None  # an AMQPS connection's TLS session
         self.user = ""
+        self.principal: Principal | None = None  # who logged in, and who answers for them
         self.vhost: VHost = None  # type: ignore[assignment]
-        self.permissions: Permissions | None = None
+        # an auth backend is being asked over the network: reading is paused and frames
+        # already cut wait in _held_for_auth until the answer is in
+        self._waiting: asyncio.Task[Any] | None = None
+        self._held_for_auth: list[tuple[int, int, bytes]] = []
         self.client_properties: dict[str, Any] = {}
         self.channel_max = node.settings.channel_max
         self.frame_max = node.settings.frame_max
@@ -158,6 +171,12 @@ class Reader(asyncio.Protocol):
         except ConnectionError_ as exc:
             self._fatal_frame_error(exc)
             return
+        if self._waiting is not None:
+            self._held_for_auth.extend(batch)
+            return
+        self._frames(batch)
+
+    def _frames(self, batch: list[tuple[int, int, bytes]]) -> None:
         touched = self._touched
         i = 0
         try:
@@ -166,6 +185,9 @@ class Reader(asyncio.Protocol):
                 ftype, channel, payload = batch[i]
                 if channel == 0:
                     self._connection_frame(ftype, payload)
+                    if self._waiting is not None:  # the rest waits for the auth backend
+                        self._held_for_auth = batch[i + 1:]
+                        return
                 elif i + 2 < n and self._whole_publish(batch, i):
                     i += 3
                     continue
@@ -200,6 +222,9 @@ class Reader(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._waiting is not None:
+            self._waiting.cancel()
+            self._waiting = None
         for ch in self.channels.values():
             ch.stop()
         self.channels.clear()
@@ -240,7 +265,7 @@ class Reader(asyncio.Protocol):
                     "cluster_name": self.node.name,
                     "capabilities": SERVER_CAPABILITIES,
                 },
-                mechanisms=self.node.auth.offered(self.tls is not None),
+                mechanisms=" ".join(offered(self.node.auth.mechanisms, self.tls is not None)),
                 locales="en_US",
             )
         )
@@ -268,7 +293,9 @@ class Reader(asyncio.Protocol):
             self._client_close(method)
         elif action is ConnectionAction.UPDATE_SECRET:
             self._send0(commands.Connection.UpdateSecretOk())
-        if self.state == state:  # an action that failed has moved it to CLOSING already
+        # an action that failed has moved it to CLOSING already; one waiting for an auth
+        # backend moves it itself when the answer is in
+        if self.state == state and self._waiting is None:
             self.state = after
 
     def _closing_frames(self, batch: list[tuple[int, int, bytes]], start: int) -> None:
@@ -303,18 +330,30 @@ class Reader(asyncio.Protocol):
 
     def _start_ok(self, m: commands.Connection.StartOk) -> None:
         self.client_properties = m.client_properties or {}
+        auth = self.node.auth
+        if m.mechanism not in offered(auth.mechanisms, self.tls is not None):
+            raise ConnectionError_(
+                ACCESS_REFUSED, f"unsupported authentication mechanism '{m.mechanism}'")
         try:
-            self.user = self.node.auth.authenticate(
-                m.mechanism, m.response, loopback=self._is_loopback(), tls=self.tls
-            )
-        except AMQPError as exc:
-            reason = exc.detail if isinstance(exc, LoginRefused) else exc.text
-            log.warning(
-                "authentication failed", peer=self._peer(), mechanism=m.mechanism, reason=reason
-            )
-            exc.method = (0, 0)  # as RabbitMQ's close for a refused login
-            self.connection_error(exc)
-            return
+            credentials = parse_response(m.mechanism, m.response, tls=self.tls,
+                                         cert_login_from=auth.cert_login_from)
+        except MechanismError as exc:
+            refused = auth.refused_before_login("", str(exc), m.mechanism, self._peer())
+            raise _login_refused(m.mechanism, refused) from None
+        try:
+            result = auth.login(credentials, mechanism=m.mechanism, peer=self._peer(),
+                                loopback=self._is_loopback())
+        except LoginRefused as exc:
+            raise _login_refused(m.mechanism, exc) from None
+        if isinstance(result, Principal):
+            self._logged_in(result)
+        else:
+            self._await(result, self._logged_in, m.mechanism)
+
+    def _logged_in(self, principal: Principal) -> None:
+        self.principal = principal
+        self.user = principal.name
+        self.state = ConnectionState.AWAIT_TUNE_OK
         self._send0(
             commands.Connection.Tune(
                 channel_max=self.channel_max,
@@ -322,6 +361,40 @@ class Reader(asyncio.Protocol):
                 heartbeat=self.heartbeat,
             )
         )
+
+    def _await(self, awaitable: Awaitable[Any], then: Callable[[Any], None],
+               mechanism: str = "") -> None:
+        """Ask an auth backend over the network without blocking the loop: reading pauses
+        until the answer is in (the backend's timeout bounds the wait), then `then` runs with
+        it and the frames that were held back are processed."""
+
+        async def ask() -> Any:
+            return await awaitable
+
+        assert self.transport is not None
+        self.transport.pause_reading()
+        task = self._waiting = self.loop.create_task(ask(), name=f"auth:{self.name}")
+
+        def done(_: asyncio.Task[Any]) -> None:
+            if self._waiting is not task:  # the connection went meanwhile
+                return
+            self._waiting = None
+            try:
+                then(task.result())
+            except LoginRefused as exc:
+                self.connection_error(_login_refused(mechanism, exc))
+            except ConnectionError_ as exc:
+                self.connection_error(exc)
+            held, self._held_for_auth = self._held_for_auth, []
+            if self.state >= CLOSING:
+                self._closing_frames(held, 0)  # a close that crossed ours still gets close-ok
+                return
+            if held:
+                self._frames(held)
+            if self._waiting is None and not self._paused_reading and self.transport:
+                self.transport.resume_reading()
+
+        task.add_done_callback(done)
 
     def _tune_ok(self, m: commands.Connection.TuneOk) -> None:
         if m.frame_max and m.frame_max < FRAME_MIN_SIZE:
@@ -347,8 +420,22 @@ class Reader(asyncio.Protocol):
         vhost = self.node.vhosts.get(m.virtual_host)
         if vhost is None:
             raise ConnectionError_(NOT_ALLOWED, f"vhost {m.virtual_host} not found", (10, 40))
-        perms = self.node.auth.permissions(self.user, m.virtual_host)
-        if perms is None:
+        limit = self.node.users.limit(self.user, "max-connections")
+        if limit >= 0 and self._user_connections() >= limit:
+            raise ConnectionError_(
+                NOT_ALLOWED,
+                f"connection refused for user '{self.user}': user connection limit ({limit}) "
+                "is reached",
+                (10, 40),
+            )
+        assert self.principal is not None
+        try:
+            allowed = self.node.auth.vhost_allowed(self.principal, m.virtual_host,
+                                                   self.peer[0])
+        except Pending as pending:
+            self._await(pending.wait(), lambda _: self._open(m))
+            return
+        if not allowed:
             raise ConnectionError_(
                 NOT_ALLOWED,
                 f"access to vhost '{m.virtual_host}' refused for user '{self.user}'",
@@ -356,7 +443,6 @@ class Reader(asyncio.Protocol):
             )
         vhost.params.check_new_connection(self.user)
         self.vhost = vhost
-        self.permissions = perms
         self.state = OPENED
         self.opened_at = self.loop.time()
         self._send0(commands.Connection.OpenOk())
@@ -491,6 +577,14 @@ class Reader(asyncio.Protocol):
                 NOT_ALLOWED,
                 f"number of channels opened ({len(self.channels)}) has reached the "
                 f"negotiated channel_max ({channel_max})",
+            )
+        limit = self.node.users.limit(self.user, "max-channels")
+        if limit >= 0 and self._user_channels() >= limit:
+            raise ConnectionError_(
+                NOT_ALLOWED,
+                f"number of channels opened for user '{self.user}' has reached the maximum "
+                f"allowed user limit of ({limit})",
+                (20, 10),
             )
         ch = Channel(number, self)
         self.channels[number] = ch
@@ -685,6 +779,14 @@ class Reader(asyncio.Protocol):
         caps = self.client_properties.get("capabilities")
         return bool(isinstance(caps, dict) and caps.get(name))
 
+    def _user_connections(self) -> int:
+        """Open connections of this connection's user (the user limit counts them)."""
+        return sum(1 for c in self.node.connections
+                   if c.state == OPENED and c.user == self.user and c is not self)
+
+    def _user_channels(self) -> int:
+        return sum(len(c.channels) for c in self.node.connections if c.user == self.user)
+
     def _is_loopback(self) -> bool:
         try:
             return ipaddress.ip_address(self.peer[0].split("%")[0]).is_loopback
@@ -713,6 +815,19 @@ class Reader(asyncio.Protocol):
             "recv_oct": self.bytes_in,
             "send_oct": self.writer.bytes_out if self.writer else 0,
         }
+
+
+def _login_refused(mechanism: str, exc: LoginRefused) -> ConnectionError_:
+    """RabbitMQ's texts: the reason itself stays in the broker log."""
+    if exc.loopback_only:
+        return ConnectionError_(
+            ACCESS_REFUSED, f"User '{exc.username}' can only connect via localhost")
+    # class and method 0, as RabbitMQ's close for a refused login
+    return ConnectionError_(
+        ACCESS_REFUSED,
+        f"Login was refused using authentication mechanism {mechanism}. "
+        "For details see the broker logfile.",
+    )
 
 
 def _client_name(props: dict[str, Any]) -> str:

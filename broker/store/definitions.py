@@ -1,6 +1,6 @@
 """The definitions database: durable exchanges, queues and bindings, users, vhosts,
-permissions, policies and vhost limits, restored at start (RabbitMQ keeps these in
-Mnesia/Khepri).
+permissions, topic permissions, user limits, policies and vhost limits, restored at start
+(RabbitMQ keeps these in Mnesia/Khepri).
 
 Why SQLite (standard library): each put/delete is one transaction, so a crash never leaves an
 exchange deleted but its bindings kept; with WAL a crash mid-write leaves the database at its
@@ -44,6 +44,7 @@ __all__ = [
     "PermissionDef",
     "PolicyDef",
     "QueueDef",
+    "TopicPermissionDef",
     "UserDef",
     "check_password",
     "decode_table",
@@ -110,6 +111,15 @@ class PolicyDef:
     name: str
     operator: bool
     body: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPermissionDef:
+    user: str
+    vhost: str
+    exchange: str
+    write: str
+    read: str
 
 
 class DefinitionsCorrupt(RuntimeError):
@@ -208,6 +218,13 @@ CREATE TABLE IF NOT EXISTS bindings (
     destination TEXT NOT NULL, destination_type TEXT NOT NULL, routing_key TEXT NOT NULL,
     arguments TEXT NOT NULL, args_key TEXT NOT NULL,
     PRIMARY KEY (vhost, source, destination_type, destination, routing_key, args_key));
+CREATE TABLE IF NOT EXISTS topic_permissions (
+    user TEXT NOT NULL, vhost TEXT NOT NULL, exchange TEXT NOT NULL,
+    write TEXT NOT NULL, read TEXT NOT NULL,
+    PRIMARY KEY (user, vhost, exchange));
+CREATE TABLE IF NOT EXISTS user_limits (
+    user TEXT NOT NULL, name TEXT NOT NULL, value INTEGER NOT NULL,
+    PRIMARY KEY (user, name));
 CREATE INDEX IF NOT EXISTS bindings_by_destination
     ON bindings (vhost, destination_type, destination);
 CREATE TABLE IF NOT EXISTS policies (
@@ -293,8 +310,8 @@ class Definitions:
         """Also deletes everything that lives in the vhost, and permissions on it."""
         with self._tx() as db:
             db.execute("DELETE FROM vhosts WHERE name = ?", (name,))
-            for table in ("permissions", "exchanges", "queues", "bindings", "policies",
-                          "vhost_limits"):
+            for table in ("permissions", "topic_permissions", "exchanges", "queues",
+                          "bindings", "policies", "vhost_limits"):
                 db.execute(f"DELETE FROM {table} WHERE vhost = ?", (name,))
 
     def vhosts(self) -> list[str]:
@@ -305,10 +322,11 @@ class Definitions:
             _put_user(db, name, password_hash, tags)
 
     def delete_user(self, name: str) -> None:
-        """Also deletes the user's permissions."""
+        """Also deletes the user's permissions, topic permissions and limits."""
         with self._tx() as db:
             db.execute("DELETE FROM users WHERE name = ?", (name,))
-            db.execute("DELETE FROM permissions WHERE user = ?", (name,))
+            for table in ("permissions", "topic_permissions", "user_limits"):
+                db.execute(f"DELETE FROM {table} WHERE user = ?", (name,))
 
     def users(self) -> list[UserDef]:
         rows = self._rows("SELECT name, password_hash, tags FROM users ORDER BY name")
@@ -325,6 +343,39 @@ class Definitions:
     def permissions(self) -> list[PermissionDef]:
         rows = self._rows("SELECT * FROM permissions ORDER BY user, vhost")
         return [PermissionDef(*r) for r in rows]
+
+    def put_topic_permission(self, p: TopicPermissionDef) -> None:
+        with self._tx() as db:
+            _put_topic_permission(db, p)
+
+    def delete_topic_permissions(self, user: str, vhost: str, exchange: str | None = None) -> None:
+        with self._tx() as db:
+            if exchange is None:
+                db.execute("DELETE FROM topic_permissions WHERE user = ? AND vhost = ?",
+                           (user, vhost))
+            else:
+                db.execute("DELETE FROM topic_permissions WHERE user = ? AND vhost = ? "
+                           "AND exchange = ?", (user, vhost, exchange))
+
+    def topic_permissions(self) -> list[TopicPermissionDef]:
+        rows = self._rows("SELECT * FROM topic_permissions ORDER BY user, vhost, exchange")
+        return [TopicPermissionDef(*r) for r in rows]
+
+    def put_user_limit(self, user: str, name: str, value: int) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO user_limits VALUES (?, ?, ?)", (user, name, value))
+
+    def delete_user_limit(self, user: str, name: str | None = None) -> None:
+        """One limit, or all of the user's."""
+        with self._tx() as db:
+            if name is None:
+                db.execute("DELETE FROM user_limits WHERE user = ?", (user,))
+            else:
+                db.execute("DELETE FROM user_limits WHERE user = ? AND name = ?", (user, name))
+
+    def user_limits(self) -> list[tuple[str, str, int]]:
+        return [(u, n, int(v)) for u, n, v in
+                self._rows("SELECT user, name, value FROM user_limits ORDER BY user, name")]
 
     # -- policies and limits -------------------------------------------------------------------
     def put_policy(self, d: PolicyDef) -> None:
@@ -451,6 +502,10 @@ class Definitions:
             for p in doc.get("permissions", ()):
                 perm = PermissionDef(p["user"], p["vhost"], p["configure"], p["write"], p["read"])
                 _put_permission(db, perm)
+            for t in doc.get("topic_permissions", ()):
+                _put_topic_permission(db, TopicPermissionDef(t["user"], t["vhost"],
+                                                             t["exchange"], t["write"],
+                                                             t["read"]))
             for e in doc.get("exchanges", ()):
                 _put_exchange(
                     db,
@@ -506,6 +561,13 @@ def _put_permission(db: sqlite3.Connection, p: PermissionDef) -> None:
     db.execute(
         "INSERT OR REPLACE INTO permissions VALUES (?, ?, ?, ?, ?)",
         (p.user, p.vhost, p.configure, p.write, p.read),
+    )
+
+
+def _put_topic_permission(db: sqlite3.Connection, p: TopicPermissionDef) -> None:
+    db.execute(
+        "INSERT OR REPLACE INTO topic_permissions VALUES (?, ?, ?, ?, ?)",
+        (p.user, p.vhost, p.exchange, p.write, p.read),
     )
 
 

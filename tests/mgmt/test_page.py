@@ -56,3 +56,33 @@ async def test_page_shows_queue_depth(mgmt: MgmtBroker, tmp_path: Path) -> None:
     assert "Login failed" in dom
     assert 'id="app" hidden' in dom
     await conn.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install "
+                                             "chromium); CI installs it")
+async def test_page_shows_a_management_user_its_own_scope(mgmt: MgmtBroker,
+                                                          tmp_path: Path) -> None:
+    """A management user's page: its vhost's queues and its own connection only, and no node
+    name or alarms (what the API lets it see, as RabbitMQ's UI)."""
+    vhost, user = "page-own", "page-app"
+    assert mgmt.api("PUT", f"/api/vhosts/{vhost}", {})[0] == 201
+    assert mgmt.api("PUT", f"/api/users/{user}", {"password": "pw",
+                                                  "tags": "management"})[0] == 201
+    assert mgmt.api("PUT", f"/api/permissions/{vhost}/{user}",
+                    {"configure": ".*", "write": ".*", "read": ".*"})[0] == 201
+    guest = await aio_pika.connect(mgmt.url)
+    await (await guest.channel()).declare_queue("page.hidden")
+    own = await aio_pika.connect(f"amqp://{user}:pw@127.0.0.1:{mgmt.port}/{vhost}")
+    await (await own.channel()).declare_queue("page.mine")
+
+    url = f"http://127.0.0.1:{mgmt.mgmt_port}/?user={user}&pass=pw"
+    dom = await asyncio.to_thread(dump_dom, url, tmp_path / "profile")
+    assert f"<td>{vhost}</td><td>page.mine</td>" in dom, dom[-3000:]
+    assert "page.hidden" not in dom
+    conns = re.findall(r"<tr><td>conn-\d+</td><td>([^<]*)</td><td>([^<]*)</td>", dom)
+    assert conns == [(vhost, user)]
+    assert f"{user} (management)" in dom
+    assert "hare@" not in dom  # no node name
+    assert f"Virtual hosts: {vhost}." in dom
+    await own.close()
+    await guest.close()
