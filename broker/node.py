@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 import structlog
 
 from broker.access import AccessControl, Backend, InternalBackend, UserDB
-from broker.access.http_backend import HttpBackend
 from broker.config import Settings
 from broker.durable import Durable
 from broker.flow.alarm import Alarms
@@ -200,6 +199,9 @@ def _backends(settings: Settings, users: UserDB) -> list[Backend]:
         if name == "internal":
             made.append(InternalBackend(users))
         else:
+            # imported only when configured: aiohttp's client costs start-up time
+            from broker.access.http_backend import HttpBackend
+
             made.append(HttpBackend(
                 user_path=settings.auth_http_user_path,
                 vhost_path=settings.auth_http_vhost_path,

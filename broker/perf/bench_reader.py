@@ -1,6 +1,7 @@
 """Micro-benchmark: the publish path from bytes to queue, without a socket.
 
 Run: .venv/bin/python -m broker.perf.bench_reader [--messages N] [--per-chunk K] [--size B]
+                                                   [--write-pattern REGEX]
 
 A Node runs in this process (its listener is on a free port and unused); one Reader gets a
 stand-in transport and is fed the bytes a client would send: the handshake, then N publishes
@@ -10,7 +11,11 @@ the hot path. With no I/O the run is deterministic, so instruction counts compar
 
     valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
         .venv/bin/python -m broker.perf.bench_reader --messages 20000
-    (the "Collected" line; subtract a --messages 0 run for the start-up)"""
+    (the "Collected" line; subtract a --messages 0 run for the start-up)
+
+`--write-pattern` gives the publishing user (guest) that write permission instead of `.*`
+(e.g. `^amq\\.default$`): a narrow pattern must cost no more per publish than `.*`, the
+check being cached per channel (docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -93,10 +98,12 @@ async def _settle(reader: Reader, transport: _Transport) -> None:
     raise RuntimeError("the publish path did not settle")
 
 
-async def run(data_dir: Path, messages: int, per_chunk: int, size: int) -> float:
+async def run(data_dir: Path, messages: int, per_chunk: int, size: int,
+              write_pattern: str = ".*") -> float:
     settings = Settings(data_dir=data_dir, port=0, management_port=0, heartbeat_s=0)
     node = Node(settings)
     await node.start()
+    node.users.set_permissions("guest", "/", ".*", write_pattern, ".*")
     try:
         reader = Reader(node)
         transport = _Transport()
@@ -132,10 +139,13 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--per-chunk", type=int, default=50)
     parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--write-pattern", default=".*",
+                        help="the publisher's write permission (default .*)")
     args = parser.parse_args()
     configure_logging("warning", "console")
     with tempfile.TemporaryDirectory() as d:
-        elapsed = asyncio.run(run(Path(d), args.messages, args.per_chunk, args.size))
+        elapsed = asyncio.run(run(Path(d), args.messages, args.per_chunk, args.size,
+                                  args.write_pattern))
     if args.messages:
         print(
             f"{args.messages} publishes of {args.size} B in chunks of {args.per_chunk}: "

@@ -141,47 +141,59 @@ class Channel:
                     self._flush_batch()
                     self._terminate()
                     return
-                if cmd[0] == "content":
-                    publishes += 1
-                while True:
-                    try:
-                        self._command(cmd)
-                    except Pending as pending:
-                        # an auth backend must be asked: what came before goes out first,
-                        # then the same command runs again with the answer cached
-                        self._flush_batch()
-                        await pending.wait()
+                try:
+                    kind = cmd[0]
+                    if kind == "content":
+                        publishes += 1
                         if self.state is _OPEN:
-                            continue
-                    break
+                            self._publish(cmd[1], cmd[2], cmd[3])
+                    elif self.state is not _OPEN:
+                        if kind == "method":
+                            self._not_open(cmd[1])
+                    elif kind == "method":
+                        self._method(cmd[1])
+                    else:
+                        self._notify_cancel(cmd[1])
+                except Pending as pending:
+                    await self._after_answer(cmd, pending)
+                except Exception as exc:
+                    self._on_error(exc)
             self._flush_batch()
             if publishes:
                 self.credit_flow.ack_many(self.reader, publishes)
 
-    def _command(self, cmd: tuple[Any, ...]) -> None:
-        try:
-            kind = cmd[0]
-            if kind == "content":
-                if self.state is _OPEN:
+    async def _after_answer(self, cmd: tuple[Any, ...], pending: Pending) -> None:
+        """An auth backend must be asked over the network (the rare path): what came before
+        goes out first, then the same command runs again with the answer cached, until it
+        needs nothing more. Per-channel order holds: the channel's loop waits here."""
+        while True:
+            self._flush_batch()
+            await pending.wait()
+            if self.state is not _OPEN:
+                return
+            try:
+                if cmd[0] == "content":
                     self._publish(cmd[1], cmd[2], cmd[3])
-            elif self.state is not _OPEN:
-                if kind == "method":
-                    self._not_open(cmd[1])
-            elif kind == "method":
-                self._method(cmd[1])
-            else:
-                self._notify_cancel(cmd[1])
-        except ChannelError as exc:
-            self._flush_batch()
+                else:
+                    self._method(cmd[1])
+                return
+            except Pending as again:
+                pending = again
+            except Exception as exc:
+                self._on_error(exc)
+                return
+
+    def _on_error(self, exc: Exception) -> None:
+        """A soft error closes the channel, a hard one the connection; anything else is ours:
+        logged, and 541 for this channel only."""
+        self._flush_batch()
+        if isinstance(exc, ChannelError):
             self._fail(exc)
-        except ConnectionError_ as exc:
-            self._flush_batch()
+        elif isinstance(exc, ConnectionError_):
             self.reader.connection_error(exc)
-        except Pending:
-            raise
-        except Exception as exc:
-            log.exception("channel error", channel=self.number, conn=self.reader.name)
-            self._flush_batch()
+        else:
+            log.exception("channel error", channel=self.number, conn=self.reader.name,
+                          exc_info=exc)
             self._fail(ChannelError(INTERNAL_ERROR, f"internal error: {exc!r}"))
 
     def stop(self) -> None:
