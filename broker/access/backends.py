@@ -113,11 +113,13 @@ class InternalBackend(Backend):
             return (query[1], query[2]) in users.perms
         if kind == "user":
             user = users.users.get(query[1])
+            # RabbitMQ's text for both: which of the two it was stays unsaid
+            refused = LoginResult(False, reason=f"user '{query[1]}' - invalid credentials")
             if user is None:
-                return LoginResult(False, reason="no such user")
+                return refused
             # no password: the mechanism (EXTERNAL) proved who this is; the user must exist
             if password is not None and not check_password(password, user.password_hash):
-                return LoginResult(False, reason="invalid credentials")
+                return refused
             return LoginResult(True, tuple(user.tags))
         raise ValueError(f"unknown query {kind!r}")
 

@@ -55,7 +55,7 @@ def test_failed_logins_are_logged_and_counted(mgmt: MgmtBroker) -> None:
     line = refused[-1]
     assert line["mechanism"] == "PLAIN" and line["protocol"] == "amqp091"
     assert str(line["peer"]).startswith("127.0.0.1:")
-    assert line["reason"] == "internal: invalid credentials"
+    assert line["reason"] == f"internal: user '{user}' - invalid credentials"
     assert secret not in mgmt.log_path.read_text()
 
     # HTTP logins count under their own protocol; /metrics shows both

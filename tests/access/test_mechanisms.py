@@ -79,7 +79,7 @@ def test_external_logs_in_an_existing_user_without_a_password() -> None:
     assert who.name == "bob"  # type: ignore[union-attr]
     with pytest.raises(LoginRefused) as info:
         auth.login(Credentials.verified("carol"), mechanism="EXTERNAL", peer="p", loopback=True)
-    assert info.value.reason == "internal: no such user"
+    assert info.value.reason == "internal: user 'carol' - invalid credentials"
 
 
 def test_refused_password_keeps_the_reason_for_the_log() -> None:
@@ -88,7 +88,7 @@ def test_refused_password_keeps_the_reason_for_the_log() -> None:
     with pytest.raises(LoginRefused) as info:
         auth.login(parse_response("PLAIN", b"\0bob\0wrong"), mechanism="PLAIN", peer="p",
                    loopback=True)
-    assert info.value.reason == "internal: invalid credentials"
+    assert info.value.reason == "internal: user 'bob' - invalid credentials"
     assert auth.attempts["amqp091"].failed == 1
     with pytest.raises(MechanismError):
         parse_response("PLAIN", b"bob-without-separators")
