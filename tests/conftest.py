@@ -101,6 +101,25 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProc]:
 
 
 @pytest.fixture
+def pika_conns(broker: BrokerProc) -> Iterator[object]:
+    """Open pika BlockingConnections to the shared broker (call it once per connection);
+    they are closed after the test."""
+    import pika
+
+    made: list[pika.BlockingConnection] = []
+
+    def make() -> pika.BlockingConnection:
+        c = pika.BlockingConnection(pika.URLParameters(broker.url + "%2F?heartbeat=0"))
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        if c.is_open:
+            c.close()
+
+
+@pytest.fixture
 def fresh_broker(tmp_path: Path) -> Iterator[BrokerProc]:
     """A broker of the test's own, for restarts, kills and special settings."""
     b = BrokerProc(tmp_path / "data")

@@ -96,8 +96,8 @@ class Channel:
         self._tx_acks: list[tuple[str, int, bool, bool]] = []
         # consuming
         self.consumers: dict[str, Consumer] = {}
-        # direct reply-to: (consumer tag as shortstr, reply name) while consuming from
-        # amq.rabbitmq.reply-to
+        # direct reply-to: (consumer tag, the tag as a shortstr, reply name) while consuming
+        # from amq.rabbitmq.reply-to
         self.reply_consumer: tuple[str, bytes, str] | None = None
         self.unacked: OrderedDict[int, tuple[AMQQueue, int, Consumer | None]] = OrderedDict()
         self.next_tag = 1
@@ -487,8 +487,7 @@ class Channel:
             return
         self._check("read", "queue", m.queue)
         q = self.vhost.queue(m.queue, self.reader)
-        tag = m.consumer_tag or "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode(
-        ).rstrip("=")
+        tag = m.consumer_tag or _server_tag()
         if tag in self.consumers:
             raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         if q.has_exclusive_consumer() or (m.exclusive and q.consumers):
@@ -518,8 +517,7 @@ class Channel:
             raise ChannelError(PRECONDITION_FAILED, "reply consumer cannot acknowledge")
         if self.reply_consumer is not None:
             raise ChannelError(PRECONDITION_FAILED, "reply consumer already set")
-        tag = m.consumer_tag or "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode(
-        ).rstrip("=")
+        tag = m.consumer_tag or _server_tag()
         if tag in self.consumers:
             raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         name = self.reader.node.reply_registry.register(self)
@@ -970,6 +968,11 @@ class Channel:
             "prefetch_count": self.prefetch_count,
             "global_prefetch_count": self.global_prefetch,
         }
+
+
+def _server_tag() -> str:
+    """A consumer tag for a basic.consume that left it empty (RabbitMQ's amq.ctag-...)."""
+    return "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
 
 
 def _ids(method: Any) -> tuple[int, int]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 
-import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
@@ -14,11 +13,8 @@ _n = itertools.count(1)
 
 
 @pytest.fixture
-def conn(broker):
-    c = pika.BlockingConnection(pika.URLParameters(broker.url + "%2F?heartbeat=0"))
-    yield c
-    if c.is_open:
-        c.close()
+def conn(pika_conns):
+    return pika_conns()
 
 
 def refused(conn, name: str, arguments: dict, **kw) -> tuple[int, str]:

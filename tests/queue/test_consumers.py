@@ -7,26 +7,6 @@ import time
 from collections import defaultdict
 
 import pika
-import pytest
-
-
-def connect(broker) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.URLParameters(broker.url + "%2F?heartbeat=0"))
-
-
-@pytest.fixture
-def conns(broker):
-    made: list[pika.BlockingConnection] = []
-
-    def make() -> pika.BlockingConnection:
-        c = connect(broker)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        if c.is_open:
-            c.close()
 
 
 class Inbox:
@@ -61,8 +41,8 @@ class Inbox:
             ch.basic_ack(dtag)
 
 
-def test_higher_priority_consumer_served_while_it_has_room(conns):
-    c = conns()
+def test_higher_priority_consumer_served_while_it_has_room(pika_conns):
+    c = pika_conns()
     setup = c.channel()
     q = setup.queue_declare("", exclusive=True).method.queue
     high, low = c.channel(), c.channel()
@@ -85,8 +65,8 @@ def test_higher_priority_consumer_served_while_it_has_room(conns):
     assert inbox.bodies("high")[-1] == b"c0"  # room again: back to the higher priority
 
 
-def test_equal_priorities_share_round_robin(conns):
-    c = conns()
+def test_equal_priorities_share_round_robin(pika_conns):
+    c = pika_conns()
     setup = c.channel()
     q = setup.queue_declare("", exclusive=True).method.queue
     inbox = Inbox()
@@ -100,8 +80,8 @@ def test_equal_priorities_share_round_robin(conns):
     assert inbox.bodies("below") == []
 
 
-def test_single_active_consumer_takes_over_in_order(conns):
-    c1, c2 = conns(), conns()
+def test_single_active_consumer_takes_over_in_order(pika_conns):
+    c1, c2 = pika_conns(), pika_conns()
     setup = c2.channel()
     q = f"sac-{time.monotonic_ns()}"
     setup.queue_declare(q, auto_delete=True, arguments={"x-single-active-consumer": True})
@@ -128,8 +108,8 @@ def test_single_active_consumer_takes_over_in_order(conns):
     assert setup.queue_declare(q, passive=True).method.consumer_count == 2
 
 
-def test_single_active_consumer_basic_get(conns):
-    c = conns()
+def test_single_active_consumer_basic_get(pika_conns):
+    c = pika_conns()
     ch = c.channel()
     q = ch.queue_declare("", exclusive=True,
                          arguments={"x-single-active-consumer": True}).method.queue

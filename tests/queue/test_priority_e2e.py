@@ -15,11 +15,8 @@ def connect(b) -> pika.BlockingConnection:
 
 
 @pytest.fixture
-def conn(broker):
-    c = connect(broker)
-    yield c
-    if c.is_open:
-        c.close()
+def conn(pika_conns):
+    return pika_conns()
 
 
 def publish(ch, queue: str, items: list[tuple[int, int | None]], **props) -> None:

@@ -12,21 +12,6 @@ from pika.exceptions import ChannelClosedByBroker, UnroutableError
 RT = "amq.rabbitmq.reply-to"
 
 
-@pytest.fixture
-def conns(broker):
-    made: list[pika.BlockingConnection] = []
-
-    def make() -> pika.BlockingConnection:
-        c = pika.BlockingConnection(pika.URLParameters(broker.url + "%2F?heartbeat=0"))
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        if c.is_open:
-            c.close()
-
-
 def wait_for(conn: pika.BlockingConnection, cond, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -40,8 +25,8 @@ def get_one(ch, queue: str, conn):
     return got[-1]
 
 
-def test_rpc_round_trip(conns):
-    client, server = conns(), conns()
+def test_rpc_round_trip(pika_conns):
+    client, server = pika_conns(), pika_conns()
     cch, sch = client.channel(), server.channel()
     requests = sch.queue_declare("", exclusive=True).method.queue
     replies: list = []
@@ -73,10 +58,10 @@ def test_rpc_round_trip(conns):
     assert len(replies) == 1
 
 
-def test_reply_is_unroutable_for_a_mandatory_publisher(conns):
+def test_reply_is_unroutable_for_a_mandatory_publisher(pika_conns):
     """As RabbitMQ documents: the reply name is not a queue, so a mandatory reply is also
     returned, and a confirm-mode reply is acked."""
-    client, server = conns(), conns()
+    client, server = pika_conns(), pika_conns()
     cch = client.channel()
     replies: list[bytes] = []
     cch.basic_consume(RT, lambda ch, m, p, b: replies.append(b), auto_ack=True)
@@ -114,15 +99,15 @@ def test_reply_is_unroutable_for_a_mandatory_publisher(conns):
     (lambda ch: ch.queue_declare(RT + ".garbage"), 404,
      f"NOT_FOUND - no queue '{RT}.garbage' in vhost '/'"),
 ])
-def test_misuse_gets_rabbitmq_errors(conns, action, code, text):
-    ch = conns().channel()
+def test_misuse_gets_rabbitmq_errors(pika_conns, action, code, text):
+    ch = pika_conns().channel()
     with pytest.raises(ChannelClosedByBroker) as err:
         action(ch)
     assert (err.value.reply_code, err.value.reply_text) == (code, text)
 
 
-def test_closing_the_channel_frees_the_name(conns):
-    client, other = conns(), conns()
+def test_closing_the_channel_frees_the_name(pika_conns):
+    client, other = pika_conns(), pika_conns()
     cch = client.channel()
     cch.basic_consume(RT, lambda *a: None, auto_ack=True)
     q = cch.queue_declare("", exclusive=True).method.queue
@@ -136,8 +121,8 @@ def test_closing_the_channel_frees_the_name(conns):
     assert err.value.reply_code == 404
 
 
-def test_ordinary_reply_to_is_left_alone(conns):
-    c = conns()
+def test_ordinary_reply_to_is_left_alone(pika_conns):
+    c = pika_conns()
     ch = c.channel()
     q = ch.queue_declare("", exclusive=True).method.queue
     for reply_to in ("my.replies", RT + ".x", "x." + RT):
