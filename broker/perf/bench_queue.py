@@ -21,12 +21,13 @@ from typing import Any
 from pamqp import commands
 
 from broker.message import Message
+from broker.protocol.channel_state import ChannelState
 from broker.queue.amqqueue import AMQQueue
 from broker.queue.consumer import Consumer
 from broker.queue.variable_queue import VariableQueue
 from broker.vhost import VHost
 
-__all__ = ["main", "run"]
+__all__ = ["BATCH", "build", "main", "run"]
 
 BATCH = 500  # messages a queue wake-up takes (one channel batch)
 
@@ -52,7 +53,7 @@ class _Channel:
 
     def __init__(self) -> None:
         self.writer = _Writer()
-        self.closing = self.closed = False
+        self.state = ChannelState.OPEN
         self.flow_active = True
         self.global_prefetch = 0
         self.consumer_unacked = 0
@@ -95,12 +96,18 @@ def _queue(variant: str) -> tuple[AMQQueue, list[_Channel]]:
     return q, channels
 
 
-def run(variant: str, rounds: int) -> float:
-    """Seconds per message over `rounds` batches of BATCH."""
+def build(variant: str) -> tuple[AMQQueue, list[_Channel], list[tuple[Message, int]]]:
+    """The queue, its two consumers' channels, and one batch of messages to publish."""
     q, channels = _queue(variant)
     props = [commands.Basic.Properties(priority=p).marshal() if variant == "priority-queue"
              else b"\x00\x00" for p in range(10)]
     items = [(Message("", "bench", props[n % 10], b"x" * 64), 0) for n in range(BATCH)]
+    return q, channels, items
+
+
+def run(variant: str, rounds: int) -> float:
+    """Seconds per message over `rounds` batches of BATCH."""
+    q, channels, items = build(variant)
     start = time.perf_counter()
     for _ in range(rounds):
         q._process([("pubs", None, items)])

@@ -114,10 +114,18 @@ class PriorityQueue:
         self._len += count
 
     def publish(self, msg: Message, expires_at: float = 0.0, redelivered: bool = False) -> int:
-        level = min(parse_priority(msg.props), self.max_priority)
-        seq = self._level(level).publish(msg, expires_at, redelivered)
+        level = parse_priority(msg.props)
+        if level > self.max_priority:
+            level = self.max_priority
+        vq = self._levels.get(level)
+        if vq is None:
+            vq = self._level(level)
+        else:  # _level's bookkeeping, inline: this is once a message
+            rank = self._rank[level]
+            if rank < self._head:
+                self._head = rank
         self._len += 1
-        return seq
+        return vq.publish(msg, expires_at, redelivered)
 
     def peek(self) -> Entry | None:
         vq = self._first()
