@@ -13,6 +13,7 @@ from broker.access import AccessControl, Backend, InternalBackend, UserDB
 from broker.config import Settings
 from broker.durable import Durable
 from broker.flow.alarm import Alarms
+from broker.flow.content_budget import ContentBudget
 from broker.flow.disk_monitor import DiskMonitor
 from broker.flow.memory_monitor import MemoryMonitor
 from broker.flow.memory_pressure import QueueLoad, ram_targets
@@ -61,6 +62,11 @@ class Node:
             interval=settings.memory_monitor_interval_s,
             paging_ratio=settings.vm_memory_high_watermark_paging_ratio,
             on_memory_pressure=self._memory_pressure,
+        )
+        # bodies of messages still arriving, all connections (see flow/content_budget.py)
+        self.content_budget = ContentBudget(
+            max(1, int(self.memory_monitor.limit * settings.partial_content_ratio)),
+            settings.max_message_size,
         )
         self.disk_monitor = DiskMonitor(
             self.alarms, settings.data_dir, limit=settings.disk_free_limit

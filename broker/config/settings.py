@@ -107,6 +107,13 @@ class Settings:
             v.int_value(0, 65535), "most channels per connection (0: no limit but the protocol's)"
         ),
     )
+    max_message_size: int = field(
+        default=128 * _MiB,
+        metadata=_m(
+            v.size_value(1, 512 * _MiB),
+            "largest message body accepted; a content header announcing more is refused",
+        ),
+    )
     handshake_timeout_s: float = field(
         default=10.0,
         metadata=_m(
@@ -220,6 +227,14 @@ class Settings:
         metadata=_m(
             v.float_value(0, lo_open=True),
             "fraction of the watermark at which queues page messages out (>1: never)",
+        ),
+    )
+    partial_content_ratio: float = field(
+        default=0.2,
+        metadata=_m(
+            v.float_value(0, 1, lo_open=True),
+            "share of the memory alarm limit that bodies of messages still arriving may hold "
+            "before the connections holding the most stop being read",
         ),
     )
     memory_monitor_interval_s: float = field(

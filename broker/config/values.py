@@ -179,13 +179,15 @@ def float_value(lo: float, hi: float | None = None, *, lo_open: bool = False) ->
     return parse
 
 
-def size_value(lo: int = 0) -> Parser:
+def size_value(lo: int = 0, hi: int | None = None) -> Parser:
     def parse(value: object, from_text: bool) -> int:
         if isinstance(value, bool) or not isinstance(value, int | str):
             raise ValueError(f"expected a size like 256MiB, got {_type_name(value)}")
         size = parse_size(value)
         if size < lo:
             raise ValueError(f"must be at least {lo} bytes, got {size}")
+        if hi is not None and size > hi:
+            raise ValueError(f"must be at most {hi} bytes, got {size}")
         return size
 
     return parse

@@ -120,6 +120,15 @@ class HareCollector(Collector):
         yield GaugeMetricFamily("rabbitmq_alarms_free_disk_space_watermark",
                                 "1 while the disk alarm is in effect", int("disk" in alarms))
 
+        budget = getattr(node, "content_budget", None)
+        if budget is not None:
+            yield GaugeMetricFamily("hare_partial_content_bytes",
+                                    "Body bytes of messages still arriving, all connections",
+                                    budget.total)
+            yield GaugeMetricFamily("hare_partial_content_limit_bytes",
+                                    "The content budget: above it the connections holding the "
+                                    "most stop being read", budget.limit)
+
         store_stats = _store_stats(node)
         if store_stats:
             size = GaugeMetricFamily("hare_store_bytes", "Bytes in a message store's files",

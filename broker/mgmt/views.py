@@ -190,6 +190,10 @@ def connection_json(conn: Reader, node: Node) -> dict[str, Any]:
         "channels": info["channels"],
         "state": info["state"],
         "flow_pauses": info["flow_pauses"],  # Hare: times credit flow paused the socket
+        # Hare: body bytes of this connection's incomplete messages, and times the content
+        # budget paused the socket for them
+        "content_held": info["content_held"],
+        "content_budget_pauses": info["content_budget_pauses"],
         "frame_max": info["frame_max"],
         "channel_max": info["channel_max"],
         "timeout": info["heartbeat"],

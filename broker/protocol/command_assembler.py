@@ -1,5 +1,11 @@
 """Assembles method, content-header and body frames of one channel into commands, as RabbitMQ's
-rabbit_command_assembler. Out-of-order frames are connection errors (505 UNEXPECTED_FRAME)."""
+rabbit_command_assembler. Out-of-order frames are connection errors (505 UNEXPECTED_FRAME).
+
+A content header announcing more than `max_size` bytes is refused there, before any body is kept
+(RabbitMQ checks max_message_size once the body is complete; by then a client has made the broker
+hold it): the assembler returns an ("error", ChannelError 406) command and counts the body frames
+that follow without keeping them; a method frame ends that body early (the client stops sending
+it once it has the channel.close)."""
 
 from __future__ import annotations
 
@@ -10,9 +16,10 @@ from broker.protocol.constants import (
     FRAME_ERROR,
     FRAME_HEADER,
     FRAME_METHOD,
+    PRECONDITION_FAILED,
     UNEXPECTED_FRAME,
 )
-from broker.protocol.errors import ConnectionError_
+from broker.protocol.errors import ChannelError, ConnectionError_
 
 __all__ = ["ACK_INDEX", "PUBLISH_INDEX", "CommandAssembler"]
 
@@ -23,24 +30,32 @@ _HEADER = struct.Struct(">HHQ")
 _EXPECT_METHOD = 0
 _EXPECT_HEADER = 1
 _EXPECT_BODY = 2
+_SKIP_BODY = 3  # the body of a refused message: counted, not kept
+
+DEFAULT_MAX_SIZE = 128 * 1024 * 1024  # RabbitMQ's max_message_size
 
 
 class CommandAssembler:
     """Feed frames of one channel; `frame` returns a complete command or None.
 
-    Commands: ("method", payload) for a method without content, or
-    ("content", method_payload, props, body) once a content-bearing method's body is complete.
+    Commands: ("method", payload) for a method without content,
+    ("content", method_payload, props, body) once a content-bearing method's body is complete, or
+    ("error", ChannelError) for a content header announcing more than `max_size` bytes.
     Only basic.publish carries content from a client."""
 
-    __slots__ = ("body_size", "chunks", "method", "props", "received", "state")
+    __slots__ = (
+        "body_size", "chunks", "held", "max_size", "method", "props", "received", "state",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, max_size: int = DEFAULT_MAX_SIZE) -> None:
         self.state = _EXPECT_METHOD
         self.method = b""
         self.props = b""
         self.body_size = 0
         self.received = 0
         self.chunks: list[bytes] = []
+        self.held = 0  # body bytes kept for the message in progress
+        self.max_size = max_size
 
     @property
     def idle(self) -> bool:
@@ -49,6 +64,10 @@ class CommandAssembler:
     def frame(self, ftype: int, payload: bytes) -> tuple | None:
         state = self.state
         if ftype == FRAME_METHOD:
+            if state == _SKIP_BODY:
+                # the client saw the channel.close for its refused message and gave up the
+                # body (its close-ok, most likely): that body is owed to no one
+                state = self.state = _EXPECT_METHOD
             if state != _EXPECT_METHOD:
                 raise _unexpected(state)
             if payload[:4] == b"\x00\x3c\x00\x28":  # basic.publish
@@ -76,10 +95,23 @@ class CommandAssembler:
             self.body_size = size
             self.received = 0
             self.chunks = []
+            if size > self.max_size:
+                self.state = _SKIP_BODY
+                return (
+                    "error",
+                    ChannelError(
+                        PRECONDITION_FAILED,
+                        f"message size {size} is larger than configured max size "
+                        f"{self.max_size}",
+                        _PUBLISH_IDS,
+                    ),
+                )
             self.state = _EXPECT_BODY
             return None
         if ftype == FRAME_BODY:
             if state != _EXPECT_BODY:
+                if state == _SKIP_BODY:
+                    return self._skip(len(payload))
                 raise _unexpected(state)
             self.received += len(payload)
             if self.received > self.body_size:
@@ -94,11 +126,24 @@ class CommandAssembler:
             self.chunks.append(payload)
             if self.received == self.body_size:
                 self.state = _EXPECT_METHOD
+                self.held = 0
                 body = b"".join(self.chunks)
                 self.chunks = []
                 return ("content", self.method, self.props, body)
+            self.held = self.received
             return None
         raise ConnectionError_(UNEXPECTED_FRAME, f"unexpected frame type {ftype} on a channel")
+
+    def _skip(self, n: int) -> None:
+        self.received += n
+        if self.received > self.body_size:
+            raise ConnectionError_(
+                UNEXPECTED_FRAME,
+                f"content body exceeds the announced {self.body_size} bytes",
+                _PUBLISH_IDS,
+            )
+        if self.received == self.body_size:
+            self.state = _EXPECT_METHOD
 
 
 _PUBLISH_IDS = (60, 40)

@@ -152,8 +152,10 @@ class Channel:
                             self._not_open(cmd[1])
                     elif kind == "method":
                         self._method(cmd[1])
-                    else:
+                    elif kind == "cancelled":
                         self._notify_cancel(cmd[1])
+                    else:  # "error": what the reader refused (a content header too large)
+                        raise cmd[1]
                 except Pending as pending:
                     await self._after_answer(cmd, pending)
                 except Exception as exc:

@@ -1,8 +1,10 @@
 """The reader (RabbitMQ's rabbit_reader): one asyncio Protocol per client connection.
 
 It cuts frames from the socket in bulk, runs the connection handshake, assembles content per
-channel and posts commands to channel tasks. It is also where back-pressure ends: when credit
-towards a channel runs out, or an alarm blocks publishers, it pauses reading its socket."""
+channel and posts commands to channel tasks. It is also where back-pressure ends: it pauses
+reading its socket when credit towards a channel runs out, when an alarm blocks publishers (even
+in the middle of a message, as RabbitMQ's reader), and when the bodies of its incomplete messages
+are over their share of the node's content budget (broker/flow/content_budget.py)."""
 
 from __future__ import annotations
 
@@ -65,6 +67,14 @@ _BODY_SIZE = struct.Struct(">Q")
 
 _ids = itertools.count(1)
 
+# Bytes a connection may read in bulk reads (a read of BULK_READ or more: the socket had more
+# waiting) before it waits for the next loop iteration: libuv reads a ready socket up to 32 times
+# per iteration, so a client streaming at line rate (even frames the broker only drops) would
+# otherwise make every other connection wait behind it. A read smaller than BULK_READ ends the
+# burst: counting costs one comparison per read.
+READ_BURST = 1 << 20
+BULK_READ = 1 << 16
+
 AWAIT_HEADER = ConnectionState.AWAIT_HEADER
 AWAIT_START_OK = ConnectionState.AWAIT_START_OK
 OPENED = ConnectionState.OPENED
@@ -93,6 +103,9 @@ class Reader(asyncio.Protocol):
     def __init__(self, node: Node) -> None:
         self.node = node
         self.settings = node.settings
+        self.content_budget = node.content_budget
+        self.content_held = 0  # body bytes of incomplete messages, all channels
+        self.max_message_size = node.settings.max_message_size
         self.loop = asyncio.get_running_loop()
         self.name = f"conn-{next(_ids)}"
         self.state: ConnectionState = AWAIT_HEADER
@@ -131,6 +144,7 @@ class Reader(asyncio.Protocol):
         self.flow_pauses = 0  # times credit flow paused this socket (the "flow" state)
         self._blocked_timer: asyncio.TimerHandle | None = None
         self.alarm_blocked = False  # an alarm is raised: stop reading after the next publish
+        self.budget_pauses = 0  # times the content budget paused this socket
         self.unroutable_nack = node.settings.unroutable == "nack"
         self.credit_flow = CreditFlow(
             self,
@@ -140,6 +154,7 @@ class Reader(asyncio.Protocol):
         self.credit_flow.on_unblocked = self._maybe_resume
         self.opened_at = 0.0
         self.bytes_in = 0
+        self._burst = 0  # bytes read in bulk reads in a row (READ_BURST)
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -157,7 +172,9 @@ class Reader(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._recv_activity = True
-        self.bytes_in += len(data)
+        size = len(data)
+        self.bytes_in += size
+        self._burst = self._burst + size if size >= BULK_READ else 0
         state = self.state
         if state >= CLOSING:
             self._discard(data)
@@ -228,6 +245,8 @@ class Reader(asyncio.Protocol):
         for ch in self.channels.values():
             ch.stop()
         self.channels.clear()
+        self.assemblers.clear()
+        self.content_budget.forget(self)
         if self.vhost is not None:
             self.vhost.drop_exclusive(self)
         self.node.connection_closed(self)
@@ -415,6 +434,11 @@ class Reader(asyncio.Protocol):
             self.channel_max = m.channel_max
         self.heartbeat = m.heartbeat
         self.cutter.frame_max = self.frame_max
+        if self.max_message_size < self.frame_max - 8:
+            # one body frame may then exceed max_message_size: every publish goes through the
+            # assembler, which refuses it (the fast path does not check, so that it costs
+            # nothing when frames are smaller than the limit, the usual case)
+            self._whole_publish = _no_fast_path  # type: ignore[method-assign]
 
     def _open(self, m: commands.Connection.Open) -> None:
         vhost = self.node.vhosts.get(m.virtual_host)
@@ -507,7 +531,18 @@ class Reader(asyncio.Protocol):
         if ch is None:
             self._unopened_channel_frame(ftype, number, payload)
             return
-        cmd = self.assemblers[number].frame(ftype, payload)
+        asm = self.assemblers[number]
+        if ftype == FRAME_METHOD:
+            cmd = asm.frame(ftype, payload)
+        else:
+            # content: under an alarm, part of a message stops the reading too (as RabbitMQ's
+            # reader); kept body bytes count toward the node's content budget
+            if self.alarm_blocked:
+                ch.published_since_alarm = True
+            held = asm.held
+            cmd = asm.frame(ftype, payload)
+            if asm.held != held:
+                self.content_budget.add(self, asm.held - held)
         if cmd is None:
             return
         if cmd[0] == "content":
@@ -589,7 +624,7 @@ class Reader(asyncio.Protocol):
         ch = Channel(number, self)
         self.channels[number] = ch
         self._live.add(ch)
-        self.assemblers[number] = CommandAssembler()
+        self.assemblers[number] = CommandAssembler(self.max_message_size)
         ch.start()
         self.writer.send(frames.encode_method(number, commands.Channel.OpenOk()))
 
@@ -597,8 +632,13 @@ class Reader(asyncio.Protocol):
         """The client's channel.close or close-ok: the number is free for a new channel."""
         if self.channels.get(ch.number) is ch:
             del self.channels[ch.number]
-            self.assemblers.pop(ch.number, None)
+            self._drop_assembler(ch.number)
         ch.stop()
+
+    def _drop_assembler(self, number: int) -> None:
+        asm = self.assemblers.pop(number, None)
+        if asm is not None and asm.held:
+            self.content_budget.add(self, -asm.held)
 
     def channel_terminated(self, ch: Channel) -> None:
         """A channel is gone for good: it can no longer hold our credit."""
@@ -609,20 +649,44 @@ class Reader(asyncio.Protocol):
 
     # -- back-pressure ----------------------------------------------------------------------
     def _throttle(self) -> None:
-        """Pause the socket when a channel has used its credit or an alarm blocks us."""
+        """Pause the socket when a channel has used its credit, an alarm blocks us, our
+        incomplete messages are over their share of the content budget, or we have read a
+        burst's worth in this loop iteration."""
         if self._paused_reading or self.transport is None:
             return
+        blocked = (
+            self.state == OPENED
+            and (self.alarm_blocked or self.content_held or self.credit_flow.blocked())
+            and self._blocked()
+        )
+        if blocked or self._burst > READ_BURST:
+            self._paused_reading = True
+            self.transport.pause_reading()
+            if self._burst > READ_BURST:
+                self.loop.call_soon(self._end_burst)
+
+    def _blocked(self) -> bool:
+        """Must the socket wait (for credit, the end of an alarm, content budget)?"""
         blocked = self.alarm_blocked and self._published_since_alarm
         if blocked and self._blocked_timer is None and self.settings.blocked_timeout_s > 0:
             self._blocked_timer = self.loop.call_later(
                 self.settings.blocked_timeout_s, self._blocked_too_long
             )
         if self.credit_flow.blocked():
-            blocked = self.blocked_by_credit = True
-            self.flow_pauses += 1
-        if blocked:
-            self._paused_reading = True
-            self.transport.pause_reading()
+            if not self.blocked_by_credit:
+                self.blocked_by_credit = True
+                self.flow_pauses += 1
+            blocked = True
+        if self.content_held and self.content_budget.over(self):
+            if self.content_budget.wait(self):
+                self.budget_pauses += 1
+            blocked = True
+        return blocked
+
+    def _end_burst(self) -> None:
+        """The next loop iteration: the connection may read its share again."""
+        self._burst = 0
+        self._maybe_resume()
 
     def _blocked_too_long(self) -> None:
         self._blocked_timer = None
@@ -636,15 +700,18 @@ class Reader(asyncio.Protocol):
             )
 
     def _maybe_resume(self) -> None:
-        if not self._paused_reading or self.transport is None or self.state != OPENED:
+        if not self._paused_reading or self.transport is None or self.state >= CLOSING:
             return
-        if self.alarm_blocked and self._published_since_alarm:
-            return
-        if self.credit_flow.blocked():
+        if self._burst > READ_BURST:
+            return  # _end_burst comes next
+        if self.state == OPENED and self._blocked():
             return
         self._paused_reading = False
         self.blocked_by_credit = False
         self.transport.resume_reading()
+
+    def content_budget_freed(self) -> None:
+        self._maybe_resume()
 
     @property
     def _published_since_alarm(self) -> bool:
@@ -808,6 +875,8 @@ class Reader(asyncio.Protocol):
             if self.blocked_by_credit
             else ("blocked" if self._paused_reading else "running"),
             "flow_pauses": self.flow_pauses,
+            "content_held": self.content_held,
+            "content_budget_pauses": self.budget_pauses,
             "frame_max": self.frame_max,
             "channel_max": self.channel_max,
             "heartbeat": self.heartbeat,
@@ -815,6 +884,10 @@ class Reader(asyncio.Protocol):
             "recv_oct": self.bytes_in,
             "send_oct": self.writer.bytes_out if self.writer else 0,
         }
+
+
+def _no_fast_path(batch: list[tuple[int, int, bytes]], i: int) -> bool:
+    return False
 
 
 def _login_refused(mechanism: str, exc: LoginRefused) -> ConnectionError_:
