@@ -424,7 +424,8 @@ class Reader(asyncio.Protocol):
             raise ConnectionError_(
                 NOT_ALLOWED, f"frame_max={m.frame_max} > {self.frame_max} max size"
             )
-        if m.channel_max > self.channel_max:
+        if self.channel_max and (m.channel_max > self.channel_max or not m.channel_max):
+            # 0 is "no limit": above ours (RabbitMQ refuses it too)
             raise ConnectionError_(
                 NOT_ALLOWED, f"channel_max={m.channel_max} > {self.channel_max} max"
             )

@@ -290,11 +290,10 @@ row("frame/header-announces-too-large", [frame(3, 1, b"")[:3] + b"\x00\x01\x00\x
 for _name, _tune in (("frame-max-below-minimum", {"frame_max": 4095}),
                      ("frame-max-above-server", {"frame_max": 131073}),
                      ("frame-max-zero", {"frame_max": 0}),
-                     ("channel-max-above-server", {"channel_max": 2048})):
+                     ("channel-max-above-server", {"channel_max": 2048}),
+                     ("channel-max-zero", {"channel_max": 0})):
     row(f"tune/{_name}", [m(0, Cn.Open(virtual_host="/"))], stage="tuned", tune=_tune,
         quiet=4.0, differs=SILENT_TUNE, hare=closed_with("530 0.0"))
-row("tune/channel-max-zero", [m(0, Cn.Open(virtual_host="/"))], stage="tuned",
-    tune={"channel_max": 0}, quiet=4.0, xfail="issue 9 §1: channel_max 0 in tune-ok")
 row("channel-max/open-up-to-limit", [m(1, Ch.Open()), m(2, Ch.Open())],
     [m(1, close(1))], tune={"channel_max": 2}, channels=())
 row("channel-max/one-past-limit", [m(1, Ch.Open()), m(2, Ch.Open()), m(3, Ch.Open())],

@@ -179,7 +179,7 @@ def test_unknown_vhost_is_530(broker):
     c.expect(commands.Connection.Start, 0)
     start_ok(c)
     c.expect(commands.Connection.Tune, 0)
-    c.send_method(0, commands.Connection.TuneOk(channel_max=0, frame_max=131072, heartbeat=0))
+    c.send_method(0, commands.Connection.TuneOk(channel_max=2047, frame_max=131072, heartbeat=0))
     c.send_method(0, commands.Connection.Open(virtual_host="no-such-vhost"))
     close = expect_close(c, 530)
     assert "no-such-vhost" in close.reply_text
@@ -245,7 +245,7 @@ def test_abrupt_disconnect_mid_handshake(broker):
             start_ok(c)
             c.expect(commands.Connection.Tune, 0)
         if stop_after >= 2:
-            c.send_method(0, commands.Connection.TuneOk(channel_max=0, frame_max=131072,
+            c.send_method(0, commands.Connection.TuneOk(channel_max=2047, frame_max=131072,
                                                         heartbeat=0))
         c.close()
     roundtrip_ok(broker.port)
@@ -364,7 +364,7 @@ def test_user_without_permissions_on_vhost_is_refused(broker_factory, tmp_path):
     c.expect(commands.Connection.Start, 0)
     start_ok(c, user="app", password="pw")
     c.expect(commands.Connection.Tune, 0)
-    c.send_method(0, commands.Connection.TuneOk(channel_max=0, frame_max=131072, heartbeat=0))
+    c.send_method(0, commands.Connection.TuneOk(channel_max=2047, frame_max=131072, heartbeat=0))
     c.send_method(0, commands.Connection.Open(virtual_host="/"))
     close = expect_close(c, 530)
     assert "refused for user 'app'" in close.reply_text
