@@ -63,8 +63,8 @@ def _bool(opts: dict[str, str], name: str, default: bool, role: str) -> bool:
 class SourceOptions:
     url: str
     queue: str
-    max_messages_per_batch: int = 5000
-    prefetch: int = 10000
+    max_messages_per_batch: int = 10000
+    prefetch: int = 20000
     poll_timeout_ms: int = 500
 
     @classmethod

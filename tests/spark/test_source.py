@@ -34,7 +34,7 @@ def stream(spark, hare, queue: str, **options: object):
 
 def test_options_defaults() -> None:
     opts = SourceOptions.parse({"url": URL, "queue": "q"})
-    assert (opts.max_messages_per_batch, opts.prefetch, opts.poll_timeout_ms) == (5000, 10000, 500)
+    assert (opts.max_messages_per_batch, opts.prefetch, opts.poll_timeout_ms) == (10000, 20000, 500)
     opts = SourceOptions.parse({"url": URL, "queue": "q", "maxmessagesperbatch": "10"})
     assert opts.prefetch == 20
 
