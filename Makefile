@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench bench-spark pipeline clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -38,6 +38,21 @@ bench: $(STAMP)
 	fi; \
 	$(BIN)/python -m broker.perf.suite $$urls $(BENCH_ARGS); status=$$?; \
 	kill $$hare; wait $$hare; exit $$status
+
+# The Spark connector beside plain pika clients, on a Hare of its own (free port, fresh data).
+bench-spark: $(STAMP)
+	@rm -rf $(BENCH_DIR)-spark; mkdir -p $(BENCH_DIR)-spark; \
+	$(BIN)/hare-server --port 0 --data-dir $(BENCH_DIR)-spark/data --management-port 0 \
+	    --log-level warning > $(BENCH_DIR)-spark/hare.out 2> $(BENCH_DIR)-spark/hare.log & hare=$$!; \
+	for i in $$(seq 100); do grep -q listening $(BENCH_DIR)-spark/hare.out && break; sleep 0.1; done; \
+	port=$$(sed -n 's/.*listening on port //p' $(BENCH_DIR)-spark/hare.out | head -1); \
+	$(BIN)/python -m broker.perf.bench_spark --url amqp://guest:guest@127.0.0.1:$$port/ \
+	    $(BENCH_ARGS); status=$$?; kill $$hare; wait $$hare; exit $$status
+
+# The example pipeline: Hare -> Spark Structured Streaming -> Parquet and Hare -> hare-store.
+# PIPELINE_ARGS="--url amqp://... --data-dir DIR" uses a broker of yours instead.
+pipeline: $(STAMP)
+	$(BIN)/python examples/pipeline.py $(PIPELINE_ARGS)
 
 clean:
 	rm -rf $(VENV) data .pytest_cache
