@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench bench-spark pipeline clean
+.PHONY: run test lint bench bench-spark pipeline cluster clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -53,6 +53,14 @@ bench-spark: $(STAMP)
 # PIPELINE_ARGS="--url amqp://... --data-dir DIR" uses a broker of yours instead.
 pipeline: $(STAMP)
 	$(BIN)/python examples/pipeline.py $(PIPELINE_ARGS)
+
+# etcd and NODES Hare nodes on this machine (docs/CLUSTER.md): hare-1 on PORT, hare-2 on
+# PORT+1, ...; management on 10000+PORT+i, etcd on PORT-1. Ctrl-C stops them.
+# 5672 is RabbitMQ's here: `make cluster NODES=2 PORT=5700`.
+NODES ?= 3
+PORT ?= 5672
+cluster: $(STAMP)
+	$(BIN)/python -m broker.perf.local_cluster --nodes $(NODES) --port $(PORT)
 
 clean:
 	rm -rf $(VENV) data .pytest_cache

@@ -139,6 +139,30 @@ def _status(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     return data, f"Status of node {data['node']}\n{text}"
 
 
+def _cluster_status(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    """rabbitmqctl cluster_status: the cluster's name, its nodes (disc and running), and
+    the alarms in effect anywhere in it."""
+    ov = client.get("/api/overview")
+    nodes = client.get("/api/nodes")
+    status, raw = client.request("GET", "/api/health/checks/alarms")
+    if status not in (200, 503):
+        raise CtlError(f"{reason_of(raw) or 'error'} (HTTP {status})", EX_SOFTWARE)
+    alarms = json.loads(raw).get("alarms", [])
+    data = {
+        "cluster_name": ov.get("cluster_name", ov["node"]),
+        "disk_nodes": [n["name"] for n in nodes],
+        "running_nodes": [n["name"] for n in nodes if n.get("running")],
+        "alarms": [{"node": a["node"], "resource": a["resource"]} for a in alarms],
+    }
+    lines = [f"Cluster status of node {ov['node']} ...", "Basics", "",
+             f"Cluster name: {data['cluster_name']}", "", "Disk Nodes", "",
+             *data["disk_nodes"], "", "Running Nodes", "", *data["running_nodes"], "",
+             "Alarms", ""]
+    lines += [f"{_ALARM_TEXT.get(a['resource'], a['resource'])} on node {a['node']}"
+              for a in alarms] or ["(none)"]
+    return data, "\n".join(lines)
+
+
 def _host(ip: str) -> str:
     return f"[{ip}]" if ":" in ip else ip
 
@@ -352,6 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
         return sp
 
     verb("status", _status, "node, memory, alarms, listeners and object counts")
+    verb("cluster_status", _cluster_status, "the cluster's nodes, which run, and its alarms")
     for name, (_, cols, _) in LISTS.items():
         sp = verb(name, _list, f"list {name[5:]} (default columns: {' '.join(cols)})",
                   vhost=name in _PER_VHOST)

@@ -27,13 +27,13 @@ from broker.store.definitions import (
     ExchangeDef,
     PolicyDef,
     QueueDef,
+    TopicPermissionDef,
 )
 from broker.store.msg_store import MsgStore
 from broker.store.queue_index import QueueIndex, msg_refs, remove_orphans
 
 if TYPE_CHECKING:
     from broker.node import Node
-    from broker.vhost import VHost
 
 __all__ = ["Durable"]
 
@@ -241,16 +241,36 @@ class Durable:
             db.delete_policy(vhost, obj.name, obj.operator)
         elif what == "put_limits":
             db.put_vhost_limits(vhost, obj)
+        elif what == "put_vhost":
+            db.put_vhost(obj)
+        elif what == "delete_vhost":
+            db.delete_vhost(obj)
+        elif what == "put_user":
+            db.put_user(obj.name, obj.password_hash, obj.tags)
+        elif what == "delete_user":
+            db.delete_user(obj.name)
+        elif what == "put_permission":
+            db.put_permission(obj[0], vhost, *obj[1:])
+        elif what == "delete_permission":
+            db.delete_permission(obj[0], vhost)
+        elif what == "put_topic_permission":
+            db.put_topic_permission(TopicPermissionDef(obj[0], vhost, *obj[1:]))
+        elif what == "delete_topic_permission":
+            db.delete_topic_permissions(obj[0], vhost, obj[1])
+        elif what == "put_user_limit":
+            db.put_user_limit(*obj)
+        elif what == "delete_user_limit":
+            db.delete_user_limit(*obj)
         elif what in ("put_binding", "delete_binding"):
             src, dst, key, args = obj
             if not src.durable or not getattr(dst, "durable", False):
                 return
-            if isinstance(dst, AMQQueue):
-                if not _persisted(dst):
-                    return
+            if isinstance(dst, Exchange):
+                kind = "exchange"
+            elif _persisted(dst):
                 kind = "queue"
             else:
-                kind = "exchange"
+                return
             bd = BindingDef(vhost, src.name, dst.name, kind, key, dict(args or {}))
             if what == "put_binding":
                 db.put_binding(bd)
@@ -262,10 +282,8 @@ class Durable:
         if q.durability is None:
             self.attach(q)
 
-    def vhost_added(self, vhost: VHost) -> None:
-        if not self._restoring:
-            self.definitions.put_vhost(vhost.name)
 
 
-def _persisted(q: AMQQueue) -> bool:
-    return q.durable and q.exclusive_owner is None
+def _persisted(q: object) -> bool:
+    """A durable queue of this node's (a cluster's queues homed elsewhere are not ours)."""
+    return isinstance(q, AMQQueue) and q.durable and q.exclusive_owner is None

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from broker.access import AccessControl, Backend, InternalBackend, UserDB
+from broker.cluster import make_cluster
 from broker.config import Settings
 from broker.durable import Durable
 from broker.flow.alarm import Alarms
@@ -41,7 +42,7 @@ log = structlog.get_logger("hare.node")
 class Node:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.name = f"hare@{socket.gethostname()}"
+        self.name = settings.node_name or f"hare@{socket.gethostname()}"
         self.users = UserDB()
         self.auth = AccessControl(
             self.users,
@@ -74,25 +75,48 @@ class Node:
         self.durable: Durable | None = None
         self.port = settings.port
         self.management: ManagementServer | None = None  # broker/mgmt, when HTTP(S) is on
+        self.cluster = make_cluster(self)  # this node alone, or a member of an etcd cluster
 
     # -- set-up -----------------------------------------------------------------------------
     def add_vhost(self, name: str) -> VHost:
         vhost = self.vhosts.get(name)
         if vhost is None:
             vhost = self.vhosts[name] = VHost(name, self)
-            if self.durable is not None:
-                vhost.on_change = self.durable.changed
-                self.durable.vhost_added(vhost)
+            vhost.on_change = self.changed
+            self.changed(None, "put_vhost", name)
         return vhost
+
+    def remove_vhost(self, name: str) -> None:
+        """Close its connections (320), delete its queues, drop it and its permissions."""
+        vhost = self.vhosts[name]
+        self.close_connections(vhost=name, reason=f"vhost '{name}' is deleted")
+        for q in list(vhost.queues.values()):
+            vhost.delete_queue(q)
+        vhost.stop()
+        del self.vhosts[name]
+        self.users.vhost_deleted(name)
+        self.changed(None, "delete_vhost", name)
+
+    def changed(self, vhost: str | None, what: str, obj: object) -> None:
+        """A definition changed (VHost, VHostParams and the management API report here):
+        the definitions database keeps what survives a restart, the cluster tells the other
+        nodes (a single node's cluster does nothing)."""
+        if self.durable is not None:
+            self.durable.changed(vhost, what, obj)
+        self.cluster.changed(vhost, what, obj)
 
     async def start(self) -> None:
         """Bind every listener (TLS files read first), recover, listen on all, then serve
         them all: a port that is taken or a certificate that cannot be read stops start-up
         before any connection is accepted (ListenerError, TlsError)."""
         listeners = self._bind_listeners()
+        joined = False
         try:
+            await self.cluster.start()  # a name already taken stops start-up here
+            joined = True
             self.durable = Durable(self)
             await self.durable.start()
+            await self.cluster.sync()  # the cluster's definitions over what the disk kept
             self.memory_monitor.start()
             self.disk_monitor.start()
             listen_all(listeners)
@@ -106,6 +130,9 @@ class Node:
                 self.management = await start_management(self, web)
         except BaseException:
             close_all(listeners)
+            self.listeners = []
+            if joined:
+                await self.cluster.stop()
             raise
         self.listeners = listeners
         log.info("broker started", node=self.name,
@@ -130,7 +157,14 @@ class Node:
             close_all(listeners)
             raise
         self.port = listeners[0].port
+        self.listeners = listeners  # bound, not yet listening: the cluster card shows them
         return listeners
+
+    def management_port(self) -> int | None:
+        for x in self.listeners:
+            if x.protocol == "http":
+                return x.port
+        return None
 
     async def stop(self, reason: str = "broker shutdown") -> None:
         """Stop accepting, close clients with 320, stop queues; the stores flush last."""
@@ -153,6 +187,7 @@ class Node:
         if self.durable is not None:
             await self.durable.stop()
         await self.auth.close()
+        await self.cluster.stop()
         log.info("broker stopped", node=self.name)
 
     # -- connections ------------------------------------------------------------------------

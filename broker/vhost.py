@@ -112,12 +112,7 @@ class VHost:
         if name == "":
             self._not_default(self.default_exchange)  # RabbitMQ: 403, even as it is
         existing = self.exchanges.get(name)
-        if existing is None and name.startswith("amq."):  # an existing one is compared
-            raise ChannelError(
-                ACCESS_REFUSED,
-                f"exchange name '{name}' contains reserved prefix 'amq.*'",
-            )
-        if existing is not None:
+        if existing is not None:  # an existing amq.* one is compared
             for field, have, want in (
                 ("type", existing.type, type_),
                 ("durable", existing.durable, durable),
@@ -141,6 +136,37 @@ class VHost:
                     f"{fmt_value(_text(have_ae))}",
                 )
             return existing
+        self.check_new_exchange(name, type_, arguments)
+        try:
+            return self.add_exchange(name, type_, durable=durable, auto_delete=auto_delete,
+                                     internal=internal, arguments=arguments)
+        except ValueError as exc:
+            raise ConnectionError_(COMMAND_INVALID, f"unknown exchange type '{type_}'") from exc
+
+    def add_exchange(self, name: str, type_: str, *, durable: bool, auto_delete: bool = False,
+                     internal: bool = False, arguments: dict[str, Any] | None = None
+                     ) -> Exchange:
+        """A new exchange, without the declare rules (restore, the cluster's metadata)."""
+        ex = Exchange(name, type_, durable=durable, auto_delete=auto_delete, internal=internal,
+                      arguments=dict(arguments or {}))
+        self.params.apply_to_exchange(ex)
+        self.exchanges[name] = ex
+        self._changed("put_exchange", ex)
+        return ex
+
+    def check_new_exchange(self, name: str, type_: str, arguments: dict[str, Any] | None
+                           ) -> None:
+        """The rules a new exchange passes before it exists anywhere (a cluster claims its
+        name in etcd after this and before declare_exchange creates it)."""
+        if type_ not in Exchange._types:
+            raise ConnectionError_(COMMAND_INVALID, f"unknown exchange type '{type_}'")
+        if name == "":
+            self._not_default(self.default_exchange)
+        if name.startswith("amq."):
+            raise ChannelError(
+                ACCESS_REFUSED,
+                f"exchange name '{name}' contains reserved prefix 'amq.*'",
+            )
         ae = (arguments or {}).get("alternate-exchange")
         if ae is not None and not isinstance(ae, str | bytes):
             raise ChannelError(
@@ -148,21 +174,6 @@ class VHost:
                 f"invalid type '{amqp_type(ae)}' for arg 'alternate-exchange' in exchange "
                 f"'{name}' {self._where()}",
             )
-        try:
-            ex = Exchange(
-                name,
-                type_,
-                durable=durable,
-                auto_delete=auto_delete,
-                internal=internal,
-                arguments=dict(arguments or {}),
-            )
-        except ValueError as exc:
-            raise ConnectionError_(COMMAND_INVALID, f"unknown exchange type '{type_}'") from exc
-        self.params.apply_to_exchange(ex)
-        self.exchanges[name] = ex
-        self._changed("put_exchange", ex)
-        return ex
 
     def delete_exchange(self, name: str, if_unused: bool = False) -> None:
         if name == "":
@@ -241,12 +252,7 @@ class VHost:
             return q
         if not name:
             name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
-        elif name.startswith("amq.") and name not in self.queues and not server_named:
-            # only a new queue is refused: RabbitMQ lets an existing server-named queue be
-            # redeclared by name
-            raise ChannelError(
-                ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'"
-            )
+            server_named = True
         arguments = dict(arguments or {})
         existing = self.queues.get(name)
         if existing is not None:
@@ -274,9 +280,8 @@ class VHost:
                     )
             existing.touch()
             return existing
-        validate_queue(name, self.name, arguments, durable=durable, exclusive=exclusive,
-                       auto_delete=auto_delete)
-        self.params.check_new_queue(name)
+        self.check_new_queue(name, arguments, durable=durable, exclusive=exclusive,
+                             auto_delete=auto_delete, server_named=server_named)
         q = AMQQueue(
             self,
             name,
@@ -292,6 +297,19 @@ class VHost:
         q.start()
         self._changed("put_queue", q)
         return q
+
+    def check_new_queue(self, name: str, arguments: dict[str, Any], *, durable: bool,
+                        exclusive: bool, auto_delete: bool, server_named: bool = False) -> None:
+        """The rules a new queue passes before it exists anywhere (a cluster claims its name
+        in etcd after this and before declare_queue creates it). Only a new queue is refused
+        an amq.* name: RabbitMQ lets an existing server-named queue be redeclared by name."""
+        if name.startswith("amq.") and not server_named:
+            raise ChannelError(
+                ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'"
+            )
+        validate_queue(name, self.name, arguments, durable=durable, exclusive=exclusive,
+                       auto_delete=auto_delete)
+        self.params.check_new_queue(name)
 
     def delete_queue(self, q: AMQQueue, *, if_unused: bool = False, if_empty: bool = False) -> int:
         if if_unused and q.consumers:
@@ -317,7 +335,7 @@ class VHost:
     ) -> None:
         ex = self.exchange(exchange)
         self._not_default(ex)
-        if ex.bind(queue, routing_key, arguments) and queue.durable and ex.durable:
+        if ex.bind(queue, routing_key, arguments):
             self._changed("put_binding", (ex, queue, routing_key, arguments))
 
     def unbind_queue(

@@ -165,6 +165,11 @@ def _check_together(values: dict[str, Any], origin: dict[str, str]) -> None:
             f"{said('credit_flow_more_credit_after')} must not exceed "
             f"{said('credit_flow_initial_credit')}"
         )
+    if values["cluster_etcd"] and not values["cluster_secret"]:
+        raise ConfigError(
+            f"{said('cluster_etcd')} is set: the nodes need a shared cluster_secret "
+            "(HARE_CLUSTER_SECRET) to authenticate their links"
+        )
     for prefix in ("ssl", "management_ssl"):
         _check_tls(prefix, values, said)
     if "EXTERNAL" in values["auth_mechanisms"] and (

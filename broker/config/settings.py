@@ -327,6 +327,59 @@ class Settings:
         default=TlsVersion.TLS1_2,
         metadata=_m(v.choice_value(TlsVersion), "oldest TLS version of the HTTPS listener"),
     )
+    # identity and cluster (docs/CLUSTER.md)
+    node_name: str = field(
+        default="",
+        metadata=_m(
+            v.string_value,
+            "this node's name, kept across restarts and re-created containers "
+            "(empty: hare@<hostname>)",
+        ),
+    )
+    cluster_etcd: str = field(
+        default="",
+        metadata=_m(
+            v.string_value,
+            "etcd client URL(s), comma-separated, holding the cluster (empty: a single node)",
+        ),
+    )
+    cluster_name: str = field(
+        default="hare",
+        metadata=_m(v.nonempty_string_value, "the cluster's name: its key prefix in etcd"),
+    )
+    cluster_secret: str = field(
+        default="",
+        repr=False,
+        metadata=_m(
+            v.string_value,
+            "shared secret the nodes prove to each other on the inter-node link "
+            "(required with cluster_etcd; the role of Erlang's cookie)",
+            secret=True,
+        ),
+    )
+    cluster_link_host: str = field(
+        default="",
+        metadata=_m(v.string_value, "inter-node link listener address (empty: all interfaces)"),
+    )
+    cluster_link_port: int = field(
+        default=25672,
+        metadata=_m(v.int_value(0, 65535), "inter-node link port (0: any free port)"),
+    )
+    cluster_link_advertise: str = field(
+        default="",
+        metadata=_m(
+            v.string_value,
+            "address the other nodes dial for the link (empty: cluster_link_host, else the "
+            "hostname)",
+        ),
+    )
+    cluster_lease_ttl_s: int = field(
+        default=10,
+        metadata=_m(
+            v.int_value(2, 600),
+            "etcd lease TTL: a node silent this long is down for the cluster",
+        ),
+    )
     # semantics
     unroutable: Unroutable = field(
         default=Unroutable.ACK,

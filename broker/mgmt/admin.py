@@ -26,12 +26,10 @@ from broker.mgmt.stats import details
 if TYPE_CHECKING:
     from broker.access import Principal, User
     from broker.node import Node
-    from broker.store.definitions import Definitions
 
 __all__ = [
     "HASHING_ALGORITHM",
     "add_routes",
-    "db_of",
     "delete_vhost",
     "parse_tags",
     "permission_json",
@@ -40,13 +38,6 @@ __all__ = [
 ]
 
 HASHING_ALGORITHM = "rabbit_password_hashing_sha256"
-
-
-def db_of(node: Node) -> Definitions | None:
-    """The definitions database, so users, permissions and vhost deletions made here survive
-    a restart (Auth itself keeps memory only; vhosts and topology persist on their own)."""
-    durable = getattr(node, "durable", None)
-    return getattr(durable, "definitions", None)
 
 
 # -- vhosts -------------------------------------------------------------------------------------
@@ -58,7 +49,8 @@ def vhost_json(node: Node, name: str) -> dict[str, Any]:
         for key in totals:
             totals[key] += int(info.get(key, 0))
     out: dict[str, Any] = {"name": name, "description": "", "tags": [], "tracing": False,
-                           "cluster_state": {node.name: "running"}}
+                           "cluster_state": {m.name: "running" if m.running else "stopped"
+                                             for m in node.cluster.members()}}
     out.update(totals)
     for key in totals:
         out[f"{key}_details"] = details(0.0)
@@ -94,16 +86,7 @@ async def vhost_put(request: web.Request) -> web.Response:
 
 def delete_vhost(node: Node, name: str) -> None:
     """Close its connections (320), stop its queues, drop it and its permissions."""
-    vhost = vhost_of(node, name)
-    node.close_connections(vhost=name, reason=f"vhost '{name}' is deleted")
-    for q in list(vhost.queues.values()):
-        vhost.delete_queue(q)
-    vhost.stop()
-    del node.vhosts[name]
-    node.users.vhost_deleted(name)
-    db = db_of(node)
-    if db is not None:
-        db.delete_vhost(name)
+    node.remove_vhost(vhost_of(node, name).name)
 
 
 async def vhost_delete(request: web.Request) -> web.Response:
@@ -158,10 +141,8 @@ def put_user(node: Node, name: str, body: dict[str, Any]) -> bool:
         raise ApiError(400, "password or password_hash must be set")
     tags = parse_tags(body.get("tags")) if "tags" in body else (
         list(existing.tags) if existing is not None else [])
-    node.users.add_user(name, password_hash=password_hash, tags=tags)
-    db = db_of(node)
-    if db is not None:
-        db.put_user(name, password_hash, tags)
+    node.changed(None, "put_user", node.users.add_user(name, password_hash=password_hash,
+                                                       tags=tags))
     return existing is None
 
 
@@ -188,12 +169,10 @@ async def user_put(request: web.Request) -> web.Response:
 
 async def user_delete(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    name = _user(node, request.match_info["user"]).name
-    node.users.delete_user(name)
-    db = db_of(node)
-    if db is not None:
-        db.delete_user(name)
-    node.close_connections(user=name, reason=f"user '{name}' is deleted")
+    user = _user(node, request.match_info["user"])
+    node.users.delete_user(user.name)
+    node.changed(None, "delete_user", user)
+    node.close_connections(user=user.name, reason=f"user '{user.name}' is deleted")
     return no_content()
 
 
@@ -246,9 +225,7 @@ def set_permission(node: Node, user: str, vhost: str, body: dict[str, Any]) -> b
         node.users.set_permissions(user, vhost, *patterns)
     except Exception as exc:  # re.error: a bad regular expression is the client's mistake
         raise ApiError(400, f"bad regular expression: {exc}") from exc
-    db = db_of(node)
-    if db is not None:
-        db.put_permission(user, vhost, *patterns)
+    node.changed(vhost, "put_permission", (user, *patterns))
     return not existed
 
 
@@ -264,9 +241,7 @@ async def permission_delete(request: web.Request) -> web.Response:
     user, vhost = request.match_info["user"], request.match_info["vhost"]
     if not node.users.clear_permissions(user, vhost):
         raise ApiError(404, "Not Found")
-    db = db_of(node)
-    if db is not None:
-        db.delete_permission(user, vhost)
+    node.changed(vhost, "delete_permission", (user,))
     return no_content()
 
 

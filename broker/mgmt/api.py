@@ -48,6 +48,7 @@ from broker.mgmt.views import (
 )
 
 if TYPE_CHECKING:
+    from broker.cluster import Member
     from broker.node import Node
     from broker.queue.amqqueue import AMQQueue
     from broker.routing.exchange import Exchange
@@ -131,7 +132,7 @@ async def overview(request: web.Request) -> web.Response:
         "rates_mode": "basic",
         "rabbitmq_version": __version__,
         **product(),
-        "cluster_name": node.name,
+        "cluster_name": node.cluster.name,
         "object_totals": {
             "connections": len(conns),
             "channels": len(chans),
@@ -204,15 +205,36 @@ def node_json(node: Node) -> dict[str, Any]:
     return out
 
 
+def member_json(node: Node, member: Member) -> dict[str, Any]:
+    """A cluster node as /api/nodes shows it: this one in full, the others from the card
+    they keep in etcd (RabbitMQ shows only name, type and running for a stopped node)."""
+    if member.name == node.name:
+        return node_json(node)
+    out: dict[str, Any] = {"name": member.name, "type": "disc", "running": member.running}
+    if member.running:
+        card = member.card
+        alarms = card.get("alarms", [])
+        out.update({
+            "os_pid": str(card.get("pid", "")),
+            "mem_alarm": "memory" in alarms,
+            "disk_free_alarm": "disk" in alarms,
+            "uptime": max(0, int(time.time() * 1000) - int(card.get("started", 0))),
+            "partitions": [],
+        })
+    return out
+
+
 async def nodes(request: web.Request) -> web.Response:
-    return json_response([node_json(request.app[NODE])])
+    node = request.app[NODE]
+    return json_response([member_json(node, m) for m in node.cluster.members()])
 
 
 async def node_one(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    if request.match_info["name"] != node.name:
-        raise ApiError(404, "Not Found")
-    return json_response(node_json(node))
+    for m in node.cluster.members():
+        if m.name == request.match_info["name"]:
+            return json_response(member_json(node, m))
+    raise ApiError(404, "Not Found")
 
 
 async def auth_attempts(request: web.Request) -> web.Response:
@@ -311,6 +333,11 @@ async def exchange_put(request: web.Request) -> web.Response:
         raise ApiError(400, "type must be set")
     await require_declare(request, vhost, "exchange", name, _arguments(body))
     existed = name in vhost.exchanges
+    if not existed:  # claimed in the cluster first (a single node: nothing to do)
+        await request.app[NODE].cluster.check_exchange_declare(
+            vhost, name, type_, durable=bool(body.get("durable", True)),
+            auto_delete=bool(body.get("auto_delete", False)),
+            internal=bool(body.get("internal", False)), arguments=_arguments(body))
     vhost.declare_exchange(
         name, type_,
         durable=bool(body.get("durable", True)),
@@ -377,6 +404,11 @@ async def queue_put(request: web.Request) -> web.Response:
         raise ApiError(400, "exclusive queues cannot be declared over HTTP (no connection)")
     await require_declare(request, vhost, "queue", name, _arguments(body))
     existed = name in vhost.queues
+    if not existed:
+        await request.app[NODE].cluster.check_queue_declare(
+            vhost, name, durable=bool(body.get("durable", True)), exclusive=False,
+            auto_delete=bool(body.get("auto_delete", False)), arguments=_arguments(body),
+            server_named=False)
     vhost.declare_queue(
         name,
         durable=bool(body.get("durable", True)),

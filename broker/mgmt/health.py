@@ -42,7 +42,12 @@ def _ok(**extra: Any) -> web.Response:
     return json_response({"status": "ok", **extra})
 
 
-def _alarms(node: Node) -> list[dict[str, str]]:
+def _alarms(node: Node, cluster_wide: bool = False) -> list[dict[str, str]]:
+    """This node's resource alarms, or every node's and the cluster's own (etcd
+    unreachable) when `cluster_wide`."""
+    if cluster_wide:
+        return [{"resource": _RESOURCE.get(a["resource"], a["resource"]), "node": a["node"]}
+                for a in node.cluster.alarms()]
     return [{"resource": _RESOURCE.get(r, r), "node": node.name}
             for r in sorted(node.alarms_active())]
 
@@ -55,11 +60,12 @@ async def node_check(request: web.Request) -> web.Response:
     return _ok()
 
 
-def _alarms_check(reason: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+def _alarms_check(reason: str, cluster_wide: bool
+                  ) -> Callable[[web.Request], Awaitable[web.Response]]:
     """One node: its local alarms are the cluster's, only RabbitMQ's wording differs."""
 
     async def check(request: web.Request) -> web.Response:
-        alarms = _alarms(request.app[NODE])
+        alarms = _alarms(request.app[NODE], cluster_wide)
         return _failed(reason, alarms=alarms) if alarms else _ok()
 
     return check
@@ -112,9 +118,10 @@ def add_routes(app: web.Application) -> None:
     # any management tag, as RabbitMQ 3.10.8 (the aliveness test needs AMQP permissions too)
     for path, handler in (
         ("/api/healthchecks/node", node_check),
-        ("/api/health/checks/alarms", _alarms_check("There are alarms in effect in the cluster")),
+        ("/api/health/checks/alarms",
+         _alarms_check("There are alarms in effect in the cluster", True)),
         ("/api/health/checks/local-alarms",
-         _alarms_check("There are alarms in effect on the node")),
+         _alarms_check("There are alarms in effect on the node", False)),
         ("/api/health/checks/port-listener/{port}", port_listener_check),
         ("/api/health/checks/virtual-hosts", virtual_hosts_check),
         ("/api/aliveness-test/{vhost}", aliveness_test),

@@ -54,6 +54,7 @@ _STATUS = {
     c.RESOURCE_LOCKED: 400,
     c.COMMAND_INVALID: 400,
     c.NOT_ALLOWED: 400,
+    c.INTERNAL_ERROR: 503,  # a cluster whose etcd cannot take a change now
 }
 
 
@@ -127,6 +128,19 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return json_response({"error": "bad_request", "reason": exc.text}, status)
 
 
+@web.middleware
+async def _cluster(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A change made over HTTP is answered once the cluster has it (a single node: at once);
+    while the cluster cannot take changes they are refused with 503 before anything is done.
+    Reads (and the aliveness test, which declares nothing new) pass straight through."""
+    if request.method not in ("PUT", "POST", "DELETE") or not request.path.startswith("/api"):
+        return await handler(request)
+    cluster = request.app[NODE].cluster
+    await cluster.check_writable()
+    response = await handler(request)
+    await cluster.commit()
+    return response
+
 async def _page(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(PAGE, headers={"Cache-Control": "no-cache"})
 
@@ -157,7 +171,7 @@ def build_app(node: Node, stats: Stats) -> web.Application:
         user_limits,
     )
 
-    app = web.Application(middlewares=[_errors, authz.authorize])
+    app = web.Application(middlewares=[_errors, authz.authorize, _cluster])
     app[NODE] = node
     app[STATS] = stats
     app.router.add_get("/", _page)

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from broker.mgmt.admin import db_of
 from broker.mgmt.authz import Need, add_route
 from broker.mgmt.server import (
     NODE,
@@ -18,7 +17,6 @@ from broker.mgmt.server import (
     no_content,
     read_json,
 )
-from broker.store.definitions import TopicPermissionDef
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -51,9 +49,7 @@ def set_topic_permission(node: Node, user: str, vhost: str, body: dict[str, Any]
         node.users.set_topic_permission(user, vhost, *values)
     except re.error as exc:
         raise ApiError(400, f"bad regular expression: {exc}") from exc
-    db = db_of(node)
-    if db is not None:
-        db.put_topic_permission(TopicPermissionDef(user, vhost, *values))
+    node.changed(vhost, "put_topic_permission", (user, *values))
     return created
 
 
@@ -83,11 +79,11 @@ async def topic_permission_delete(request: web.Request) -> web.Response:
     node = request.app[NODE]
     user, vhost = request.match_info["user"], request.match_info["vhost"]
     exchange = request.query.get("exchange")
+    had = list(node.users.topic_perms.get((user, vhost), {}))
     if not node.users.clear_topic_permissions(user, vhost, exchange):
         raise ApiError(404, "Not Found")
-    db = db_of(node)
-    if db is not None:
-        db.delete_topic_permissions(user, vhost, exchange)
+    for gone in had if exchange is None else [exchange]:
+        node.changed(vhost, "delete_topic_permission", (user, gone))
     return no_content()
 
 

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from broker.access import LIMITS
-from broker.mgmt.admin import db_of
 from broker.mgmt.authz import Need, add_route
 from broker.mgmt.server import NODE, ApiError, json_response, no_content, read_json
 
@@ -34,9 +33,7 @@ def set_user_limit(node: Node, user: str, name: str, value: object) -> None:
     if user not in node.users.users:
         raise ApiError(400, f'["no_such_user","{user}"]')
     node.users.set_limit(user, name, value)
-    db = db_of(node)
-    if db is not None:
-        db.put_user_limit(user, name, value)
+    node.changed(None, "put_user_limit", (user, name, value))
 
 
 async def user_limits(request: web.Request) -> web.Response:
@@ -64,10 +61,10 @@ async def user_limit_delete(request: web.Request) -> web.Response:
         raise ApiError(404, "Not Found")
     if name != "all" and name not in LIMITS:
         raise ApiError(400, f"unknown limit '{name}' (known: {', '.join(LIMITS)}, all)")
+    had = list(node.users.users[user].limits)
     node.users.clear_limit(user, name)
-    db = db_of(node)
-    if db is not None:
-        db.delete_user_limit(user, None if name == "all" else name)
+    for gone in had if name == "all" else [name]:
+        node.changed(None, "delete_user_limit", (user, gone))
     return no_content()
 
 

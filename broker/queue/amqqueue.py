@@ -65,6 +65,7 @@ class AMQQueue:
     ) -> None:
         self.vhost = vhost
         self.name = name
+        self.home = vhost.node.name if vhost.node is not None else ""  # its node's name
         self.durable = durable
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete

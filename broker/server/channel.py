@@ -12,6 +12,8 @@ import asyncio
 import base64
 import os
 from collections import OrderedDict
+from collections.abc import Awaitable
+from inspect import isawaitable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -69,6 +71,7 @@ class Channel:
         self.reader = reader
         self.writer = reader.writer
         self.vhost = reader.vhost
+        self.cluster = reader.node.cluster  # metadata changes wait for it (docs/CLUSTER.md)
         self.user = reader.user
         assert reader.principal is not None
         self.principal = reader.principal
@@ -84,6 +87,7 @@ class Channel:
         self._nacks: list[int] = []
         self._confirm_flush_scheduled = False
         self._batch: dict[AMQQueue, list[tuple[Message, int]]] = {}
+        self._mandatory: dict[Message, int] = {}  # this batch's mandatory publishes: queues
         # exchanges this channel may publish to (write permission, not internal), by name;
         # kept as the object checked so a deleted-and-redeclared exchange is checked again.
         # Dropped when the backend's permissions generation moves (checked once a batch), so
@@ -151,7 +155,9 @@ class Channel:
                         if kind == "method":
                             self._not_open(cmd[1])
                     elif kind == "method":
-                        self._method(cmd[1])
+                        waiting = self._method(cmd[1])
+                        if waiting is not None:  # a metadata change the cluster must take
+                            await waiting
                     elif kind == "cancelled":
                         self._notify_cancel(cmd[1])
                     else:  # "error": what the reader refused (a content header too large)
@@ -177,7 +183,9 @@ class Channel:
                 if cmd[0] == "content":
                     self._publish(cmd[1], cmd[2], cmd[3])
                 else:
-                    self._method(cmd[1])
+                    waiting = self._method(cmd[1])
+                    if waiting is not None:
+                        await waiting
                 return
             except Pending as again:
                 pending = again
@@ -260,7 +268,9 @@ class Channel:
         self.writer.send(frames.encode_method(self.number, method))
 
     # -- dispatch ---------------------------------------------------------------------------
-    def _method(self, payload: bytes) -> None:
+    def _method(self, payload: bytes) -> Awaitable[None] | None:
+        """Run a method; the handlers of metadata changes are coroutines (a cluster waits for
+        etcd there): they are returned for the task to await, in the mailbox's order."""
         if payload[:4] == _ACK_PREFIX:
             tag, multiple = frames.decode_ack(payload)
             try:
@@ -282,11 +292,12 @@ class Channel:
                 _ids(method),
             )
         try:
-            handler(self, method)
+            pending = handler(self, method)
         except AMQPError as exc:
             if exc.method == (0, 0):
                 exc.method = _ids(method)
             raise
+        return None if pending is None else _named(pending, _ids(method))
 
     # -- permissions ------------------------------------------------------------------------
     def _check(self, kind: str, what: str, name: str) -> None:
@@ -338,10 +349,15 @@ class Channel:
         channel_step(self.state, ChannelInput.OPEN)  # refused: this number is open
 
     # -- exchanges --------------------------------------------------------------------------
-    def _exchange_declare(self, m: commands.Exchange.Declare) -> None:
+    async def _exchange_declare(self, m: commands.Exchange.Declare) -> None:
         if not m.passive:
             self.auth.check_declare(self.principal, self.vhost.name, "exchange", m.exchange,
                                     m.arguments, new=m.exchange not in self.vhost.exchanges)
+            if m.exchange not in self.vhost.exchanges:
+                await self.cluster.check_exchange_declare(
+                    self.vhost, m.exchange, m.exchange_type, durable=m.durable,
+                    auto_delete=m.auto_delete, internal=m.internal,
+                    arguments=m.arguments or {})
         self.vhost.declare_exchange(
             m.exchange,
             m.exchange_type,
@@ -351,34 +367,41 @@ class Channel:
             internal=m.internal,
             arguments=m.arguments or {},
         )
+        await self.cluster.commit()
         if not m.nowait:
             self._send(commands.Exchange.DeclareOk())
 
-    def _exchange_delete(self, m: commands.Exchange.Delete) -> None:
+    async def _exchange_delete(self, m: commands.Exchange.Delete) -> None:
         self._check("configure", "exchange", m.exchange)
+        await self.cluster.check_writable()
         self.vhost.delete_exchange(m.exchange, m.if_unused)
         self._write_ok.pop(m.exchange, None)
+        await self.cluster.commit()
         if not m.nowait:
             self._send(commands.Exchange.DeleteOk())
 
-    def _exchange_bind(self, m: commands.Exchange.Bind) -> None:
+    async def _exchange_bind(self, m: commands.Exchange.Bind) -> None:
         self._check("write", "exchange", m.destination)
         self._check("read", "exchange", m.source)
         self._check_topic(m.source, m.routing_key, "read")
+        await self.cluster.check_writable()
         self.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments or {})
+        await self.cluster.commit()
         if not m.nowait:
             self._send(commands.Exchange.BindOk())
 
-    def _exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
+    async def _exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
         self._check("write", "exchange", m.destination)
         self._check("read", "exchange", m.source)
         self._check_topic(m.source, m.routing_key, "read")
+        await self.cluster.check_writable()
         self.vhost.unbind_exchange(m.destination, m.source, m.routing_key, m.arguments or {})
+        await self.cluster.commit()
         if not m.nowait:
             self._send(commands.Exchange.UnbindOk())
 
     # -- queues -----------------------------------------------------------------------------
-    def _queue_declare(self, m: commands.Queue.Declare) -> None:
+    async def _queue_declare(self, m: commands.Queue.Declare) -> None:
         name = m.queue
         if name == REPLY_QUEUE or name.startswith(REPLY_PREFIX):
             self._declare_reply_queue(m)
@@ -392,6 +415,11 @@ class Channel:
         if not m.passive:  # RabbitMQ checks a server-named queue's generated name too
             self.auth.check_declare(self.principal, self.vhost.name, "queue", name,
                                     m.arguments, new=name not in self.vhost.queues)
+            if name not in self.vhost.queues:
+                await self.cluster.check_queue_declare(
+                    self.vhost, name, durable=m.durable, exclusive=m.exclusive,
+                    auto_delete=m.auto_delete, arguments=m.arguments or {},
+                    server_named=server_named)
         q = self.vhost.declare_queue(
             name,
             server_named=server_named,
@@ -402,6 +430,7 @@ class Channel:
             arguments=m.arguments or {},
             owner=self.reader,
         )
+        await self.cluster.commit()
         self.last_queue = q.name
         if not m.nowait:
             self._send(
@@ -428,7 +457,7 @@ class Channel:
             raise ChannelError(NOT_FOUND, "no previously declared queue")
         return self.last_queue
 
-    def _queue_bind(self, m: commands.Queue.Bind) -> None:
+    async def _queue_bind(self, m: commands.Queue.Bind) -> None:
         if not m.queue and not m.routing_key:
             m.routing_key = self._last_queue("")
         m.queue = self._last_queue(m.queue)
@@ -436,11 +465,13 @@ class Channel:
         self._check("read", "exchange", m.exchange)
         self._check_topic(m.exchange, m.routing_key, "read")
         q = self.vhost.queue(m.queue, self.reader)
+        await self.cluster.check_writable()
         self.vhost.bind_queue(q, m.exchange, m.routing_key, m.arguments or {})
+        await self.cluster.commit()
         if not m.nowait:
             self._send(commands.Queue.BindOk())
 
-    def _queue_unbind(self, m: commands.Queue.Unbind) -> None:
+    async def _queue_unbind(self, m: commands.Queue.Unbind) -> None:
         if not m.queue and not m.routing_key:
             m.routing_key = self._last_queue("")
         m.queue = self._last_queue(m.queue)
@@ -448,18 +479,22 @@ class Channel:
         self._check("read", "exchange", m.exchange)
         self._check_topic(m.exchange, m.routing_key, "read")
         q = self.vhost.queue(m.queue, self.reader) if m.queue in self.vhost.queues else None
+        await self.cluster.check_writable()
         self.vhost.unbind_queue(q, m.exchange, m.routing_key, m.arguments or {})
+        await self.cluster.commit()
         self._send(commands.Queue.UnbindOk())
 
-    def _queue_purge(self, m: commands.Queue.Purge) -> None:
+    async def _queue_purge(self, m: commands.Queue.Purge) -> None:
         m.queue = self._last_queue(m.queue)
         self._check("read", "queue", m.queue)
         q = self.vhost.queue(m.queue, self.reader)
         count = q.purge()
+        if isawaitable(count):
+            count = await count
         if not m.nowait:
             self._send(commands.Queue.PurgeOk(message_count=count))
 
-    def _queue_delete(self, m: commands.Queue.Delete) -> None:
+    async def _queue_delete(self, m: commands.Queue.Delete) -> None:
         m.queue = self._last_queue(m.queue)
         self._check("configure", "queue", m.queue)
         q = self.vhost.queues.get(m.queue)
@@ -467,7 +502,9 @@ class Channel:
             count = 0  # RabbitMQ: deleting a missing queue succeeds
         else:
             self.vhost.queue(m.queue, self.reader)
+            await self.cluster.check_writable()
             count = self.vhost.delete_queue(q, if_unused=m.if_unused, if_empty=m.if_empty)
+            await self.cluster.commit()
         if not m.nowait:
             self._send(commands.Queue.DeleteOk(message_count=count))
 
@@ -489,6 +526,7 @@ class Channel:
             return
         self._check("read", "queue", m.queue)
         q = self.vhost.queue(m.queue, self.reader)
+        q.touch()  # x-expires restarts; a cluster's queue on a down node answers 404 here
         tag = m.consumer_tag or _server_tag()
         if tag in self.consumers:
             raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
@@ -568,11 +606,13 @@ class Channel:
         if self.reader.client_capability("consumer_cancel_notify"):
             self._send(commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
 
-    def _basic_get(self, m: commands.Basic.Get) -> None:
+    async def _basic_get(self, m: commands.Basic.Get) -> None:
         m.queue = self._last_queue(m.queue)
         self._check("read", "queue", m.queue)
         q = self.vhost.queue(m.queue, self.reader)
         got = q.get(not m.no_ack)
+        if isawaitable(got):  # a queue on another node of a cluster answers over the link
+            got = await got
         if got is None:
             self._send(commands.Basic.GetEmpty())
             return
@@ -856,6 +896,8 @@ class Channel:
             n += 1
         if seq:
             self.unconfirmed[seq] = n
+        if mandatory:  # returned if every queue it routed to turns out unavailable
+            self._mandatory[msg] = n
 
     def _flush_batch(self) -> None:
         batch = self._batch
@@ -867,6 +909,32 @@ class Channel:
                 q.post_publishes(self, items)
                 posted.add(q)
             batch.clear()
+        if self._mandatory:
+            self._mandatory.clear()
+
+    def publishes_lost(self, queue: Any, items: list[tuple[Message, int]]) -> None:
+        """A queue could not take messages routed to it (in a cluster: its home node is
+        down), told while this batch is handed over, so before any queue confirmed it. A
+        message no live queue took is returned when mandatory and nacked in confirm mode;
+        one that reached another queue is confirmed by that one alone."""
+        self.credit_flow.peer_down(queue)  # spent on a queue that will never grant it
+        for msg, seq in items:
+            left = self._mandatory.get(msg)
+            if left is not None:
+                self._mandatory[msg] = left - 1
+                if left == 1:
+                    self.returned += 1
+                    self.writer.send_many(frames.encode_return(
+                        self.number, NO_ROUTE, "NO_ROUTE", msg.exchange, msg.routing_key,
+                        msg.props, msg.body, self.frame_max))
+            if seq:
+                pending = self.unconfirmed.get(seq)
+                if pending == 1:
+                    del self.unconfirmed[seq]
+                    self._nacks.append(seq)
+                elif pending is not None:
+                    self.unconfirmed[seq] = pending - 1
+        self._schedule_confirms()
 
     # -- confirms ---------------------------------------------------------------------------
     def _confirm_select(self, m: commands.Confirm.Select) -> None:
@@ -975,6 +1043,16 @@ class Channel:
 def _server_tag() -> str:
     """A consumer tag for a basic.consume that left it empty (RabbitMQ's amq.ctag-...)."""
     return "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+
+
+async def _named(pending: Awaitable[None], ids: tuple[int, int]) -> None:
+    """Await a handler; an AMQP error it raises names its method, as _method does."""
+    try:
+        await pending
+    except AMQPError as exc:
+        if exc.method == (0, 0):
+            exc.method = ids
+        raise
 
 
 def _ids(method: Any) -> tuple[int, int]:

@@ -13,6 +13,7 @@ __all__ = [
     "LOCK_FILE",
     "MSG_STORE_PERSISTENT",
     "MSG_STORE_TRANSIENT",
+    "NODE_ID",
     "QUEUES",
     "TRANSIENT_QUEUES",
     "lock_holder",
@@ -25,6 +26,7 @@ QUEUES = "queues"  # queues/<queue_dir_name>/: the index of each durable queue
 TRANSIENT_QUEUES = "transient_queues"  # page-outs of non-durable queues: wiped at every start
 MSG_STORE_PERSISTENT = "msg_store_persistent"  # bodies of persistent messages, durable queues
 MSG_STORE_TRANSIENT = "msg_store_transient"  # paged-out bodies: wiped at every start
+NODE_ID = "node_id"  # this directory's identity in a cluster (broker/cluster)
 
 
 def queue_dir_name(vhost: str, name: str) -> str:

@@ -78,3 +78,24 @@ def test_docker_compose_accepts_the_file() -> None:
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_cluster_compose_nodes_load(tmp_path: Path) -> None:
+    """docker/compose.cluster.yaml: etcd plus three nodes, each its own name and volume, and
+    every node's environment a valid cluster configuration."""
+    yaml = pytest.importorskip("yaml")
+    document = yaml.safe_load((DOCKER / "compose.cluster.yaml").read_text())
+    services = document["services"]
+    assert (DOCKER / services["etcd"]["build"]["dockerfile"]).is_file()
+    nodes = [name for name in services if name.startswith("hare-")]
+    assert len(nodes) == 3
+    names, volumes = set(), set()
+    for name in nodes:
+        service = services[name]
+        env = interpolated(service["environment"])
+        settings = load_settings([], {**env, "HARE_DATA_DIR": str(tmp_path)})
+        assert settings.cluster_etcd == "http://etcd:2379" and settings.cluster_secret
+        names.add(settings.node_name)
+        volumes.update(v.split(":")[0] for v in service["volumes"])
+        assert service["hostname"] == name
+    assert len(names) == 3 and len(volumes) == 3 and volumes <= set(document["volumes"])

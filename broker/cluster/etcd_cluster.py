@@ -1,0 +1,339 @@
+"""A node of a cluster whose membership and metadata live in etcd.
+
+Keys, all under `/hare/<cluster_name>/` (docs/CLUSTER.md):
+  nodes/<name>, known/<name>   membership (broker/cluster/membership.py)
+
+One watch over the whole prefix keeps this node's view current; when the stream breaks it is
+resumed from the last revision seen (or everything is read again when etcd compacted it)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from broker.cluster.etcd import Etcd, EtcdUnavailable, WatchCompacted, WatchEvent, sleep_backoff
+from broker.cluster.link import Link, LinkError, Links
+from broker.cluster.local import self_card
+from broker.cluster.membership import Member, Membership
+from broker.cluster.metadata import ClusterMetadata
+from broker.cluster.remote_queue import RemoteQueue
+from broker.queue.amqqueue import AMQQueue
+from broker.store import layout
+from broker.store.definitions import decode_table, encode_table
+
+if TYPE_CHECKING:
+    from broker.node import Node
+    from broker.queue.consumer import Consumer
+    from broker.vhost import VHost
+
+__all__ = ["ETCD_ALARM", "EtcdCluster", "node_id"]
+
+log = structlog.get_logger("hare.cluster")
+
+ETCD_ALARM = "etcd unreachable"
+
+
+def node_id(data_dir: Path) -> str:
+    """This data directory's identity: the same node across restarts and re-created
+    containers that keep the volume; a different one for another directory."""
+    path = Path(data_dir) / layout.NODE_ID
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        ident = uuid.uuid4().hex
+        path.write_text(ident + "\n")
+        return ident
+
+
+class EtcdCluster:
+    clustered = True
+
+    def __init__(self, node: Node) -> None:
+        s = node.settings
+        self.node = node
+        self.name = s.cluster_name
+        self.root = f"/hare/{s.cluster_name}/"
+        self.etcd = Etcd([u.strip() for u in s.cluster_etcd.split(",") if u.strip()])
+        self._started_ms = 0
+        self.membership = Membership(
+            self.etcd, self.root, node.name, node_id(s.data_dir), s.cluster_lease_ttl_s,
+            lambda: {**self_card(node, self._started_ms), "link_port": self.links.port,
+                     "link_host": s.cluster_link_advertise or s.cluster_link_host
+                     or socket.gethostname()},
+        )
+        self.metadata = ClusterMetadata(node, self.etcd, self.root)
+        self.links = Links(self)
+        self.membership.on_change = self._node_changed
+        self.revision = 0  # the last etcd revision applied
+        self.etcd_ok = True
+        self._tasks: list[asyncio.Task[None]] = []
+        self._card_task: asyncio.Task[None] | None = None
+
+    # -- life cycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._started_ms = self.membership.started_ms
+        await self.links.start()  # bound before we join: our card names its port
+        try:
+            await self.membership.join()
+            kvs, _ = await self.etcd.get_prefix(self.root)
+            self.membership.load([kv for kv in kvs if self._is_membership(kv.key)])
+        except EtcdUnavailable as exc:
+            await self.links.stop()
+            await self.etcd.close()
+            raise EtcdUnavailable(f"cannot reach etcd at {self.node.settings.cluster_etcd}: "
+                                  f"{exc}") from exc
+        except BaseException:
+            await self.links.stop()
+            await self.etcd.close()
+            raise
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self.membership.keep_alive(self._etcd_reachable),
+                             name="cluster:lease"),
+        ]
+        self.node.alarms.subscribe(self._alarm_changed)
+        log.info("joined cluster", cluster=self.name, node=self.node.name,
+                 running=sorted(self.membership.running))
+
+    async def sync(self) -> None:
+        """After the node restored what it kept on disk: take the cluster's definitions (or
+        bring ours, when the cluster has none yet), then follow its changes."""
+        try:
+            kvs, _ = await self.etcd.get_prefix(self.metadata.prefix)
+            if not kvs:
+                await self.metadata.seed()
+            await self._read_all()
+        except EtcdUnavailable as exc:
+            log.warning("etcd unreachable at start: serving the definitions kept on disk",
+                        error=str(exc))
+            self._etcd_reachable(False)
+            self.metadata.writable = False
+        self.metadata.started()
+        self._tasks.append(asyncio.get_running_loop().create_task(self._watch(),
+                                                                  name="cluster:watch"))
+        for peer in self.membership.running:
+            self.links.node_up(peer)
+
+    async def stop(self) -> None:
+        if self._card_task is not None:
+            self._tasks.append(self._card_task)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        await self.membership.leave()
+        await self.links.stop()
+        await self.etcd.close()
+
+    # -- the view of etcd -------------------------------------------------------------------
+    async def _read_all(self) -> None:
+        kvs, revision = await self.etcd.get_prefix(self.root)
+        self.membership.load([kv for kv in kvs if self._is_membership(kv.key)])
+        self.metadata.load([kv for kv in kvs if kv.key.startswith(self.metadata.prefix)])
+        self.revision = revision
+
+    def _is_membership(self, key: str) -> bool:
+        return key.startswith((self.membership.nodes_prefix, self.membership.known_prefix))
+
+    async def _watch(self) -> None:
+        attempt = 0
+        while True:
+            try:
+                async for events in self.etcd.watch(self.root, self.revision + 1):
+                    attempt = 0
+                    self._apply(events)
+            except WatchCompacted:
+                log.warning("etcd history compacted: reading the cluster state again")
+                with contextlib.suppress(EtcdUnavailable):
+                    await self._read_all()
+            except EtcdUnavailable as exc:
+                log.debug("etcd watch broke", error=str(exc))
+            if not self.etcd_ok or not self.metadata.writable:
+                # back from an outage: what changed meanwhile may be compacted away
+                with contextlib.suppress(EtcdUnavailable):
+                    await self._read_all()
+            await sleep_backoff(attempt)
+            attempt += 1
+
+    def _apply(self, events: list[WatchEvent]) -> None:
+        for event in events:
+            key = event.kv.key
+            if key.startswith(self.metadata.prefix):
+                self.metadata.apply_event(event.kv, event.kind == "delete")
+            elif self._is_membership(key):
+                self.membership.apply(event.kv, deleted=event.kind == "delete")
+            self.revision = max(self.revision, event.revision)
+
+    # -- alarms -----------------------------------------------------------------------------
+    def _etcd_reachable(self, ok: bool) -> None:
+        self.metadata.writable = ok
+        if ok == self.etcd_ok:
+            return
+        self.etcd_ok = ok
+        if ok:
+            log.info("alarm cleared", resource=ETCD_ALARM)
+        else:
+            log.warning("alarm raised", resource=ETCD_ALARM)
+
+    def _alarm_changed(self, resource: str, raised: bool) -> None:
+        """Our resource alarms are on our card, so every node's cluster_status shows them."""
+        if self._card_task is None or self._card_task.done():
+            self._card_task = asyncio.get_running_loop().create_task(self._publish_card())
+
+    async def _publish_card(self) -> None:
+        with contextlib.suppress(EtcdUnavailable):
+            await self.membership.refresh_card()
+
+    # -- the seam ---------------------------------------------------------------------------
+    def members(self) -> list[Member]:
+        out = self.membership.members()
+        for m in out:
+            if m.name == self.node.name:
+                m.card = self_card(self.node, self._started_ms)
+        return out
+
+    def alarms(self) -> list[dict[str, str]]:
+        out = []
+        for m in self.members():
+            if m.running:
+                out.extend({"node": m.name, "resource": r} for r in m.card.get("alarms", []))
+        if not self.etcd_ok:
+            out.append({"node": self.node.name, "resource": ETCD_ALARM})
+        return out
+
+    # -- metadata (the seam's write side) ---------------------------------------------------
+    def changed(self, vhost: str | None, what: str, obj: object) -> None:
+        self.metadata.changed(vhost, what, obj)
+
+    async def check_queue_declare(self, vhost: VHost, name: str, *, durable: bool,
+                                  exclusive: bool, auto_delete: bool,
+                                  arguments: dict[str, Any], server_named: bool) -> None:
+        vhost.check_new_queue(name, arguments, durable=durable, exclusive=exclusive,
+                              auto_delete=auto_delete, server_named=server_named)
+        home = self.node.name if exclusive else self._locate(arguments)
+        record = {"vhost": vhost.name, "name": name, "durable": durable,
+                  "auto_delete": auto_delete, "exclusive": exclusive,
+                  "arguments": encode_table(arguments), "node": home}
+        if await self.metadata.claim("queues", (vhost.name, name), record) is not None:
+            return  # another node's declare won: the channel compares against it
+        if home != self.node.name:
+            # the home node creates it before declare-ok: a publish right after the
+            # declare-ok must find it there (the link keeps this call's order)
+            try:
+                await self.link(home).call({"op": "ensure", "record": record})
+            except LinkError:
+                log.warning("home node did not confirm the new queue", queue=name, home=home)
+            with self.metadata.quiet():
+                self.place_queue(vhost, record)
+
+    def _locate(self, arguments: dict[str, Any]) -> str:
+        """The home of a new queue: the declaring node (RabbitMQ's client-local), or with
+        x-queue-leader-locator = balanced the running node with the fewest queues."""
+        locator = arguments.get("x-queue-leader-locator") or arguments.get(
+            "x-queue-master-locator")
+        if isinstance(locator, bytes):
+            locator = locator.decode()
+        if locator not in ("balanced", "min-masters"):
+            return self.node.name
+        counts = {name: 0 for name in self.membership.running}
+        counts[self.node.name] = 0
+        for v in self.node.vhosts.values():
+            for q in v.queues.values():
+                if q.home in counts:
+                    counts[q.home] += 1
+        reachable = [n for n in counts if n == self.node.name or self.links.get(n)]
+        return min(reachable, key=lambda n: (counts[n], n))
+
+    async def check_exchange_declare(self, vhost: VHost, name: str, type_: str, *,
+                                     durable: bool, auto_delete: bool, internal: bool,
+                                     arguments: dict[str, Any]) -> None:
+        vhost.check_new_exchange(name, type_, arguments)
+        record = {"vhost": vhost.name, "name": name, "type": type_, "durable": durable,
+                  "auto_delete": auto_delete, "internal": internal,
+                  "arguments": encode_table(arguments)}
+        await self.metadata.claim("exchanges", (vhost.name, name), record)
+
+    async def check_writable(self) -> None:
+        await self.metadata.check_writable()
+
+    async def commit(self) -> None:
+        await self.metadata.commit()
+
+    def place_queue(self, vhost: VHost, record: dict[str, Any]) -> None:
+        """A queue of the cluster's, as this node holds it: the queue itself when it is
+        homed here, else a RemoteQueue that forwards to its home node."""
+        name = record["name"]
+        existing = vhost.queues.get(name)
+        if record["node"] == self.node.name:
+            if isinstance(existing, AMQQueue):
+                return
+            q = AMQQueue(vhost, name, durable=record["durable"],
+                         auto_delete=record["auto_delete"],
+                         arguments=decode_table(record["arguments"]))
+            durable = self.node.durable
+            if durable is not None:
+                durable.new_queue(q)
+        else:
+            if isinstance(existing, RemoteQueue) and existing.home == record["node"]:
+                return
+            q = RemoteQueue(vhost, record, self)  # type: ignore[assignment]
+        if existing is not None:
+            existing.shutdown()
+        vhost.queues[name] = q
+        vhost.params.apply_to_queue(q)  # type: ignore[arg-type]
+        if isinstance(q, AMQQueue):
+            q.start()
+        vhost._changed("put_queue", q)
+
+    def node_running(self, name: str) -> bool:
+        return self.membership.is_running(name)
+
+    # -- nodes and links ---------------------------------------------------------------------
+    def _node_changed(self, name: str, running: bool) -> None:
+        if running:
+            self.links.node_up(name)
+        else:
+            self.links.node_down(name)
+            self._drop_exclusive_of(name)
+
+    def _drop_exclusive_of(self, name: str) -> None:
+        """A node that went down took its connections, so its exclusive queues are gone:
+        the first node to see it deletes them from the cluster (idempotent)."""
+        for vhost in list(self.node.vhosts.values()):
+            for q in list(vhost.queues.values()):
+                if isinstance(q, RemoteQueue) and q.home == name and q.exclusive_owner:
+                    vhost.delete_queue(q)
+
+    def link_up(self, peer: str) -> None:
+        """A link came up: queues on it may take consumers again (nothing to do yet)."""
+
+    def remote_queue(self, vhost: str, name: str) -> RemoteQueue | None:
+        v = self.node.vhosts.get(vhost)
+        q = v.queues.get(name) if v is not None else None
+        return q if isinstance(q, RemoteQueue) else None
+
+    def remote_queues_on(self, peer: str) -> list[RemoteQueue]:
+        return [q for v in self.node.vhosts.values() for q in v.queues.values()
+                if isinstance(q, RemoteQueue) and q.home == peer]
+
+    def consumer_gone(self, consumer: Consumer) -> None:
+        """Our consumer of a queue on another node lost it (node down, queue deleted):
+        basic.cancel to the client, as RabbitMQ does."""
+        q = consumer.queue
+        with contextlib.suppress(ValueError):
+            q.consumers.remove(consumer)
+        consumer.channel.consumer_cancelled_by_queue(consumer)
+
+    def link(self, peer: str) -> Link:
+        link = self.links.get(peer)
+        if link is None:
+            raise LinkError(f"no link to {peer}")
+        return link

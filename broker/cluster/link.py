@@ -1,0 +1,512 @@
+"""The inter-node link: one TCP connection per pair of nodes, authenticated with the cluster
+secret, multiplexing every channel's publishes to the peer's queues and every consumer's
+deliveries from them (frames: broker/cluster/link_codec.py).
+
+Publisher side (this node's channel, a queue homed on the peer): a RemoteQueue hands each
+batch to `publish`, which writes one PUBLISH frame. The peer's queue sees a `LinkSender`
+(broker/cluster/link_peers.py) as the channel: its confirms come back as CONFIRM frames
+(released only when the home node has the message: in RAM, or fsynced when persistent, as
+on one node), and the credit it grants comes back as BUMP frames, applied to the publishing
+channel's own CreditFlow. So a busy remote queue stops granting, the channel blocks, stops
+granting its reader, and the publisher's socket pauses - the chain of docs/FLOW.md with a
+link in the middle.
+
+Consumer side: a consumer here of a queue homed on the peer is SUBscribed there; the peer's
+queue delivers to a stand-in consumer on the peer's `LinkChannel`, whose deliveries come as
+DELIVER frames and go out through the real channel here; acks, rejects and requeues go back.
+
+Who dials: the node whose name sorts first; the other accepts. Both see one Link."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+from itertools import count
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from broker.cluster.link_codec import (
+    CONTROL,
+    DELIVER,
+    HEADER,
+    PUBLISH,
+    decode_deliver,
+    decode_publish,
+    encode_control,
+    encode_publish,
+)
+from broker.cluster.link_peers import LinkChannel, LinkSender
+from broker.message import Message
+from broker.queue.amqqueue import AMQQueue
+
+if TYPE_CHECKING:
+    from broker.cluster.etcd_cluster import EtcdCluster
+    from broker.cluster.remote_queue import RemoteQueue
+    from broker.queue.consumer import Consumer
+    from broker.server.channel import Channel
+
+__all__ = ["Link", "LinkError", "Links"]
+
+log = structlog.get_logger("hare.cluster.link")
+
+HANDSHAKE_TIMEOUT_S = 5.0
+RPC_TIMEOUT_S = 5.0
+HIGH_WATER = 1 << 20  # bytes buffered towards the peer before remote consumers pause
+
+
+class LinkError(Exception):
+    """No link to the node, or it went down during the call."""
+
+
+def _proof(secret: str, who: str, nonce: str) -> str:
+    return hmac.new(secret.encode(), f"{who}\0{nonce}".encode(), hashlib.sha256).hexdigest()
+
+
+async def _read_control(reader: asyncio.StreamReader) -> dict[str, Any]:
+    size, kind = HEADER.unpack(await reader.readexactly(HEADER.size))
+    if kind != CONTROL or size > 65536:
+        raise LinkError("handshake: unexpected frame")
+    return json.loads(await reader.readexactly(size - 1))
+
+
+class Link:
+    def __init__(self, links: Links, peer: str, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+        self.links = links
+        self.cluster = links.cluster
+        self.peer = peer
+        self.reader = reader
+        self.writer = writer
+        self.closed = False
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._draining: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        # publisher side: our channels by sender id, confirms they still wait for
+        self._sender_ids: dict[Channel, int] = {}
+        self._senders: dict[int, Channel] = {}
+        self._ids = count(1)
+        self._inflight: dict[tuple[int, RemoteQueue], dict[int, None]] = {}
+        # consumer side: our consumers of the peer's queues, by consumer id
+        self._consumers: dict[int, Consumer] = {}
+        self._consumer_ids: dict[Consumer, int] = {}
+        # home side: the peer's channels and consumers as our queues see them
+        self._proxies: dict[int, LinkSender] = {}
+        self.channel = LinkChannel(self)
+        # calls waiting for a reply
+        self._calls: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._answering: set[asyncio.Task[None]] = set()
+        self.published = 0  # messages sent in PUBLISH frames (metrics, benchmarks)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(),
+                                                            name=f"link:{self.peer}")
+
+    # -- writing ----------------------------------------------------------------------------
+    def send(self, parts: list[bytes]) -> None:
+        if self.closed:
+            return
+        self._out.extend(parts)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        self.channel.flush()  # deliveries gathered this iteration
+        if self._out and not self.closed:
+            out, self._out = self._out, []
+            self.writer.writelines(out)
+            if (self.writer.transport.get_write_buffer_size() > HIGH_WATER
+                    and self._draining is None):
+                self.channel.full = True
+                self._draining = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        with contextlib.suppress(ConnectionError):
+            await self.writer.drain()
+        self._draining = None
+        self.channel.resume()
+
+    def control(self, message: dict[str, Any]) -> None:
+        self.send(encode_control(message))
+
+    async def call(self, message: dict[str, Any]) -> dict[str, Any]:
+        call_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = future
+        self.control({**message, "call": call_id})
+        try:
+            return await asyncio.wait_for(future, RPC_TIMEOUT_S)
+        except TimeoutError:
+            raise LinkError(f"no answer from {self.peer}") from None
+        finally:
+            self._calls.pop(call_id, None)
+
+    # -- publisher side ---------------------------------------------------------------------
+    def sender_id(self, channel: Channel) -> int:
+        sid = self._sender_ids.get(channel)
+        if sid is None:
+            sid = self._sender_ids[channel] = next(self._ids)
+            self._senders[sid] = channel
+        return sid
+
+    def publish(self, rq: RemoteQueue, channel: Channel | None,
+                items: list[tuple[Message, int]]) -> None:
+        sid = 0 if channel is None else self.sender_id(channel)
+        if sid:
+            inflight = self._inflight.get((sid, rq))
+            if inflight is None:
+                inflight = self._inflight[(sid, rq)] = {}
+            for _, seq in items:
+                if seq:
+                    inflight[seq] = None
+        self.published += len(items)
+        self.send(encode_publish(sid, rq.vhost.name, rq.name, [
+            (seq, m.exchange, m.routing_key, m.props, m.body) for m, seq in items]))
+
+    def sender_down(self, channel: Channel) -> None:
+        sid = self._sender_ids.pop(channel, None)
+        if sid is not None:
+            del self._senders[sid]
+            for key in [k for k in self._inflight if k[0] == sid]:
+                del self._inflight[key]
+            self.control({"op": "sender_down", "sid": sid})
+
+    def _on_confirm(self, m: dict[str, Any]) -> None:
+        channel = self._senders.get(m["sid"])
+        rq = self.cluster.remote_queue(m["v"], m["q"])
+        if channel is None or rq is None:
+            return
+        inflight = self._inflight.get((m["sid"], rq))
+        if inflight is not None:
+            for seq in m["acks"]:
+                inflight.pop(seq, None)
+            for seq in m["nacks"]:
+                inflight.pop(seq, None)
+        channel.queue_confirmed(rq, m["acks"], m["nacks"])  # type: ignore[arg-type]
+
+    def _on_bump(self, m: dict[str, Any]) -> None:
+        channel = self._senders.get(m["sid"])
+        rq = self.cluster.remote_queue(m["v"], m["q"])
+        if channel is not None and rq is not None:
+            channel.credit_flow.handle_bump(rq, m["n"])
+
+    # -- consumer side ----------------------------------------------------------------------
+    def subscribe(self, rq: RemoteQueue, consumer: Consumer) -> None:
+        cid = next(self._ids)
+        self._consumers[cid] = consumer
+        self._consumer_ids[consumer] = cid
+        self.control({"op": "sub", "cid": cid, "v": rq.vhost.name, "q": rq.name,
+                      "tag": consumer.tag, "no_ack": consumer.no_ack,
+                      "exclusive": consumer.exclusive, "prefetch": consumer.prefetch,
+                      "priority": consumer.priority})
+
+    def unsubscribe(self, consumer: Consumer) -> None:
+        cid = self._consumer_ids.pop(consumer, None)
+        if cid is not None:
+            del self._consumers[cid]
+            self.control({"op": "unsub", "cid": cid})
+
+    def settle(self, rq: RemoteQueue, op: str, seqs: list[int], requeue: bool = False) -> None:
+        self.control({"op": op, "v": rq.vhost.name, "q": rq.name, "seqs": seqs,
+                      "requeue": requeue})
+
+    def _on_deliver(self, payload: bytes) -> None:
+        cid, items = decode_deliver(payload)
+        consumer = self._consumers.get(cid)
+        if consumer is None:  # cancelled meanwhile: back to the queue
+            self.control({"op": "unsub_requeue", "cid": cid, "seqs": [i[0] for i in items]})
+            return
+        channel, rq = consumer.channel, consumer.queue
+        for seq, redelivered, exchange, routing_key, props, body in items:
+            channel.deliver(consumer, rq, (seq, Message(exchange, routing_key, props, body),
+                                           redelivered, 0.0))
+
+    # -- home side: what the peer asks of our queues ----------------------------------------
+    def _local_queue(self, vhost: str, name: str) -> AMQQueue | None:
+        v = self.cluster.node.vhosts.get(vhost)
+        q = v.queues.get(name) if v is not None else None
+        return q if isinstance(q, AMQQueue) else None
+
+    def _on_publish(self, payload: bytes) -> None:
+        sid, vhost, name, raw = decode_publish(payload)
+        items = [(Message(ex, rk, props, body), seq) for seq, ex, rk, props, body in raw]
+        q = self._local_queue(vhost, name)
+        if q is None:  # deleted meanwhile: not taken, so not confirmed
+            nacks = [seq for _, seq in items if seq]
+            if sid and nacks:
+                self.control({"op": "confirm", "sid": sid, "v": vhost, "q": name,
+                              "acks": [], "nacks": nacks})
+            return
+        if not sid:
+            q.post_publishes(None, items)
+            return
+        proxy = self._proxies.get(sid)
+        if proxy is None:
+            proxy = self._proxies[sid] = LinkSender(self, sid)
+        proxy.posted.add(q)
+        q.post_publishes(proxy, items)  # type: ignore[arg-type]
+
+    def _on_sender_down(self, m: dict[str, Any]) -> None:
+        proxy = self._proxies.pop(m["sid"], None)
+        if proxy is not None:
+            proxy.down()
+
+    async def _on_call(self, m: dict[str, Any]) -> dict[str, Any]:
+        op = m["op"]
+        if op == "ensure":  # a queue placed here by another node's declare
+            record = m["record"]
+            vhost = self.cluster.node.vhosts.get(record["vhost"])
+            if vhost is not None:
+                with self.cluster.metadata.quiet():
+                    self.cluster.place_queue(vhost, record)
+            return {}
+        q = self._local_queue(m["v"], m["q"])
+        if q is None:
+            return {"missing": True}
+        if op == "get":
+            got = q.get(m["ack"])
+            if got is None:
+                return {"empty": True}
+            (seq, msg, redelivered, _), remaining = got
+            return {"seq": seq, "redelivered": redelivered, "exchange": msg.exchange,
+                    "routing_key": msg.routing_key, "remaining": remaining,
+                    "props": base64.b64encode(msg.props).decode(),
+                    "body": base64.b64encode(msg.body).decode()}
+        if op == "purge":
+            return {"count": q.purge()}
+        if op == "count":
+            return {"messages": q.message_count, "consumers": q.consumer_count}
+        return {"error": f"unknown call {op}"}
+
+    def _on_control(self, m: dict[str, Any]) -> None:
+        op = m["op"]
+        if op == "confirm":
+            self._on_confirm(m)
+        elif op == "bump":
+            self._on_bump(m)
+        elif op in ("ack", "reject"):
+            q = self._local_queue(m["v"], m["q"])
+            if q is not None:
+                self.channel.settle(q, m["seqs"], op, m["requeue"])
+        elif op == "sub":
+            self.channel.subscribe(m)
+        elif op == "unsub":
+            self.channel.unsubscribe(m["cid"])
+        elif op == "unsub_requeue":
+            self.channel.requeue_for(m["cid"], m["seqs"])
+        elif op == "cancel":  # our consumer's queue went away on the peer
+            consumer = self._consumers.pop(m["cid"], None)
+            if consumer is not None:
+                self._consumer_ids.pop(consumer, None)
+                self.cluster.consumer_gone(consumer)
+        elif op == "sender_down":
+            self._on_sender_down(m)
+        elif op == "reply":
+            future = self._calls.get(m["call"])
+            if future is not None and not future.done():
+                future.set_result(m)
+        elif "call" in m:
+            task = asyncio.get_running_loop().create_task(self._answer(m))
+            self._answering.add(task)
+            task.add_done_callback(self._answering.discard)
+        else:
+            log.warning("unknown link frame", op=op, peer=self.peer)
+
+    async def _answer(self, m: dict[str, Any]) -> None:
+        try:
+            reply = await self._on_call(m)
+        except Exception as exc:
+            log.exception("link call failed", op=m.get("op"))
+            reply = {"error": repr(exc)}
+        self.control({**reply, "op": "reply", "call": m["call"]})
+
+    # -- reading ----------------------------------------------------------------------------
+    async def _run(self) -> None:
+        reader = self.reader
+        try:
+            while True:
+                size, kind = HEADER.unpack(await reader.readexactly(HEADER.size))
+                payload = await reader.readexactly(size - 1)
+                if kind == PUBLISH:
+                    self._on_publish(payload)
+                elif kind == DELIVER:
+                    self._on_deliver(payload)
+                elif kind == CONTROL:
+                    self._on_control(json.loads(payload))
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        except Exception:
+            log.exception("link failed", peer=self.peer)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """The link is gone: what was in flight either way is settled as lost."""
+        if self.closed:
+            return
+        self.closed = True
+        self.writer.close()
+        if self._task is not None and self._task is not asyncio.current_task():
+            self._task.cancel()
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(LinkError(f"link to {self.peer} closed"))
+        # publisher side: unconfirmed publishes to the peer's queues are nacked, credit freed
+        for (sid, rq), inflight in self._inflight.items():
+            channel = self._senders.get(sid)
+            if channel is not None:
+                if inflight:
+                    channel.queue_confirmed(rq, [], list(inflight))  # type: ignore[arg-type]
+                channel.credit_flow.peer_down(rq)
+        self._inflight.clear()
+        for channel in self._senders.values():
+            for rq in self.cluster.remote_queues_on(self.peer):
+                channel.credit_flow.peer_down(rq)
+        # consumer side: our consumers of its queues are cancelled (the peer requeues)
+        for consumer in list(self._consumers.values()):
+            self.cluster.consumer_gone(consumer)
+        self._consumers.clear()
+        self._consumer_ids.clear()
+        # home side: the peer's channels and consumers are gone
+        for proxy in self._proxies.values():
+            proxy.down()
+        self._proxies.clear()
+        self.channel.down()
+        self.links.link_closed(self)
+        log.info("cluster link down", peer=self.peer)
+
+
+class Links:
+    """This node's links: the listener, the dialling, and the link to each running peer."""
+
+    def __init__(self, cluster: EtcdCluster) -> None:
+        self.cluster = cluster
+        self.me = cluster.node.name
+        self.secret = cluster.node.settings.cluster_secret
+        self.links: dict[str, Link] = {}
+        self.port = 0
+        self._server: asyncio.AbstractServer | None = None
+        self._dialling: dict[str, asyncio.Task[None]] = {}
+        self._handshakes: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        s = self.cluster.node.settings
+        self._server = await asyncio.start_server(self._accept, s.cluster_link_host or None,
+                                                  s.cluster_link_port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        for task in self._dialling.values():
+            task.cancel()
+        for link in list(self.links.values()):
+            link.close()
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+
+    def get(self, peer: str) -> Link | None:
+        return self.links.get(peer)
+
+    def link_closed(self, link: Link) -> None:
+        if self.links.get(link.peer) is link:
+            del self.links[link.peer]
+        self.node_up(link.peer)  # dial again while the peer is running
+
+    # -- dialling (the first name of a pair dials) ------------------------------------------
+    def node_up(self, peer: str) -> None:
+        if peer == self.me or self.me > peer or peer in self.links:
+            return
+        task = self._dialling.get(peer)
+        if task is None or task.done():
+            self._dialling[peer] = asyncio.get_running_loop().create_task(
+                self._dial(peer), name=f"link-dial:{peer}")
+
+    def node_down(self, peer: str) -> None:
+        task = self._dialling.pop(peer, None)
+        if task is not None:
+            task.cancel()
+        link = self.links.get(peer)
+        if link is not None:
+            link.close()
+
+    async def _dial(self, peer: str) -> None:
+        delay = 0.1
+        while self.cluster.node_running(peer) and peer not in self.links:
+            card = self.cluster.membership.running.get(peer, {})
+            host, port = card.get("link_host"), card.get("link_port")
+            try:
+                if not port:
+                    raise LinkError("no link port on its card")
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host or "127.0.0.1", port), HANDSHAKE_TIMEOUT_S)
+                try:
+                    await asyncio.wait_for(self._hello(reader, writer, peer),
+                                           HANDSHAKE_TIMEOUT_S)
+                except BaseException:
+                    writer.close()
+                    raise
+                return
+            except (OSError, LinkError, TimeoutError, asyncio.IncompleteReadError,
+                    ValueError) as exc:
+                log.debug("link dial failed", peer=peer, error=str(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _hello(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     peer: str) -> None:
+        nonce = os.urandom(16).hex()
+        writer.writelines(encode_control({"op": "hello", "node": self.me, "nonce": nonce,
+                                          "cluster": self.cluster.name}))
+        answer = await _read_control(reader)
+        if answer.get("node") != peer or not hmac.compare_digest(
+                answer.get("proof", ""), _proof(self.secret, peer, nonce)):
+            raise LinkError(f"{peer} did not prove the cluster secret")
+        writer.writelines(encode_control(
+            {"op": "proof", "proof": _proof(self.secret, self.me, answer["nonce"])}))
+        self._up(peer, reader, writer)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._handshakes.add(task)
+        try:
+            hello = await asyncio.wait_for(_read_control(reader), HANDSHAKE_TIMEOUT_S)
+            peer = str(hello.get("node"))
+            if hello.get("cluster") != self.cluster.name:
+                raise LinkError(f"{peer} is of cluster {hello.get('cluster')!r}")
+            nonce = os.urandom(16).hex()
+            writer.writelines(encode_control(
+                {"op": "hello", "node": self.me, "nonce": nonce,
+                 "proof": _proof(self.secret, self.me, hello["nonce"])}))
+            proof = await asyncio.wait_for(_read_control(reader), HANDSHAKE_TIMEOUT_S)
+            if not hmac.compare_digest(proof.get("proof", ""),
+                                       _proof(self.secret, peer, nonce)):
+                raise LinkError(f"{peer} did not prove the cluster secret")
+            self._up(peer, reader, writer)
+        except (OSError, LinkError, TimeoutError, asyncio.IncompleteReadError, ValueError,
+                KeyError) as exc:
+            log.warning("cluster link refused", peer=writer.get_extra_info("peername"),
+                        error=str(exc))
+            writer.close()
+        finally:
+            if task is not None:
+                self._handshakes.discard(task)
+
+    def _up(self, peer: str, reader: asyncio.StreamReader,
+            writer: asyncio.StreamWriter) -> None:
+        old = self.links.get(peer)
+        if old is not None:
+            old.close()
+        link = self.links[peer] = Link(self, peer, reader, writer)
+        link.start()
+        log.info("cluster link up", peer=peer)
+        self.cluster.link_up(peer)

@@ -1,0 +1,156 @@
+"""What a home node's queues see of the peer's channels across a link: a `LinkSender` per
+publishing channel (confirms and credit go back to it), and one `LinkChannel` per link for
+the peer's consumers (deliveries go to it, within each consumer's prefetch, while the link's
+socket keeps up)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from broker.cluster.link_codec import DeliverItem, encode_deliver
+from broker.flow.credit_flow import CreditFlow
+from broker.protocol.channel_state import ChannelState
+from broker.queue.consumer import Consumer
+
+if TYPE_CHECKING:
+    from broker.cluster.link import Link
+    from broker.queue.amqqueue import AMQQueue
+    from broker.queue.variable_queue import Entry
+
+__all__ = ["LinkChannel", "LinkSender"]
+
+
+class LinkSender:
+    """A channel of the peer's, publishing to queues homed here."""
+
+    def __init__(self, link: Link, sid: int) -> None:
+        self.link = link
+        self.sid = sid
+        self.posted: set[AMQQueue] = set()
+        s = link.cluster.node.settings
+        self.credit_flow = CreditFlow(self, s.credit_flow_initial_credit,
+                                      s.credit_flow_more_credit_after, deliver_bump=self._bump)
+
+    def _bump(self, queue: Any, amount: int) -> None:
+        """Credit a queue of ours grants: to the publishing channel, on its node."""
+        self.link.control({"op": "bump", "sid": self.sid, "v": queue.vhost.name,
+                           "q": queue.name, "n": amount})
+
+    def queue_confirmed(self, queue: AMQQueue, seqs: list[int], rejected: list[int]) -> None:
+        if seqs or rejected:
+            self.link.control({"op": "confirm", "sid": self.sid, "v": queue.vhost.name,
+                               "q": queue.name, "acks": seqs, "nacks": rejected})
+
+    def down(self) -> None:
+        for q in self.posted:
+            q.credit_flow.peer_down(self)
+        self.posted.clear()
+
+
+class _LinkReader:
+    """What the management API shows as a remote consumer's connection."""
+
+    def __init__(self, peer: str) -> None:
+        self.name = f"cluster link from {peer}"
+        self.peer = (peer, 0)
+
+
+class LinkChannel:
+    """The peer's consumers of our queues, as one channel: `Consumer.can_take` asks it about
+    back-pressure (the link's socket), and the queue calls `deliver`."""
+
+    state = ChannelState.OPEN
+    flow_active = True
+    global_prefetch = 0
+    consumer_unacked = 0
+    number = 0
+    paused = False  # as a writer (Consumer.can_take reads channel.writer.paused / .full)
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.writer = self
+        self.full = False
+        self.reader = _LinkReader(link.peer)
+        self.user = "(cluster)"
+        self.consumers: dict[int, Consumer] = {}
+        self._cids: dict[Consumer, int] = {}
+        self._unacked: dict[tuple[AMQQueue, int], Consumer] = {}
+        self._out: dict[int, list[DeliverItem]] = {}
+
+    def subscribe(self, m: dict[str, Any]) -> None:
+        q = self.link._local_queue(m["v"], m["q"])
+        if q is None or q.deleted:
+            self.link.control({"op": "cancel", "cid": m["cid"]})
+            return
+        c = Consumer(m["tag"], self, q, no_ack=m["no_ack"],  # type: ignore[arg-type]
+                     exclusive=m["exclusive"], prefetch=m["prefetch"], priority=m["priority"])
+        self.consumers[m["cid"]] = c
+        self._cids[c] = m["cid"]
+        q.add_consumer(c)
+
+    def unsubscribe(self, cid: int) -> None:
+        c = self.consumers.pop(cid, None)
+        if c is not None:
+            del self._cids[c]
+            c.queue.remove_consumer(c)
+
+    def deliver(self, consumer: Consumer, queue: AMQQueue, entry: Entry) -> None:
+        cid = self._cids[consumer]
+        seq, msg = entry[0], entry[1]
+        if not consumer.no_ack:
+            consumer.unacked += 1
+            self._unacked[(queue, seq)] = consumer
+        out = self._out.get(cid)
+        if out is None:
+            out = self._out[cid] = []
+            self.link.send([])  # a flush this iteration takes what gathers meanwhile
+        out.append((seq, entry[2], msg.exchange, msg.routing_key, msg.props, msg.body))
+
+    def flush(self) -> None:
+        if self._out:
+            out, self._out = self._out, {}
+            for cid, items in out.items():
+                self.link._out.extend(encode_deliver(cid, items))
+
+    def settle(self, q: AMQQueue, seqs: list[int], op: str, requeue: bool) -> None:
+        for seq in seqs:
+            c = self._unacked.pop((q, seq), None)
+            if c is not None:
+                c.unacked -= 1
+        if op == "ack":
+            q.ack(seqs)
+        else:
+            q.reject(seqs, requeue)
+
+    def requeue_for(self, cid: int, seqs: list[int]) -> None:
+        """Deliveries that reached the peer after its consumer was cancelled."""
+        by_queue: dict[AMQQueue, list[int]] = {}
+        for (q, seq) in list(self._unacked):
+            if seq in seqs:
+                by_queue.setdefault(q, []).append(seq)
+        for q, found in by_queue.items():
+            self.settle(q, found, "reject", True)
+
+    def consumer_cancelled_by_queue(self, consumer: Consumer) -> None:
+        cid = self._cids.pop(consumer, None)
+        if cid is not None:
+            self.consumers.pop(cid, None)
+            self.link.control({"op": "cancel", "cid": cid})
+
+    def resume(self) -> None:
+        self.full = False
+        for q in {c.queue for c in self.consumers.values()}:
+            q.wake()
+
+    def down(self) -> None:
+        """The link is gone: the peer's consumers go, what they had not acked is requeued."""
+        for c in list(self.consumers.values()):
+            c.queue.remove_consumer(c)
+        self.consumers.clear()
+        self._cids.clear()
+        by_queue: dict[AMQQueue, list[int]] = {}
+        for (q, seq) in self._unacked:
+            by_queue.setdefault(q, []).append(seq)
+        self._unacked.clear()
+        for q, seqs in by_queue.items():
+            q.requeue(seqs)

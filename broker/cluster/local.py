@@ -1,0 +1,109 @@
+"""The Cluster protocol and its single-node implementation."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from broker.cluster.membership import Member
+
+if TYPE_CHECKING:
+    from broker.node import Node
+    from broker.vhost import VHost
+
+__all__ = ["Cluster", "LocalCluster"]
+
+
+class Cluster(Protocol):
+    name: str  # the cluster's name (RabbitMQ's cluster_name)
+    clustered: bool
+
+    async def start(self) -> None:
+        """Join (before recovery: a refused name stops start-up)."""
+
+    async def stop(self) -> None: ...
+
+    def members(self) -> list[Member]:
+        """Every node the cluster knows, running or not, this one included."""
+
+    def alarms(self) -> list[dict[str, str]]:
+        """Alarms of the cluster: each node's resource alarms, and the cluster's own (etcd
+        unreachable), as {"node", "resource"}."""
+
+    async def sync(self) -> None:
+        """After the node restored its own definitions: take the cluster's metadata."""
+
+    def changed(self, vhost: str | None, what: str, obj: object) -> None:
+        """A definition changed here (Node.changed): the cluster's store is told."""
+
+    async def check_queue_declare(self, vhost: VHost, name: str, *, durable: bool,
+                                  exclusive: bool, auto_delete: bool,
+                                  arguments: dict[str, Any], server_named: bool) -> None:
+        """Before a non-passive queue.declare: a queue that does not exist here is claimed in
+        the cluster, so when two nodes race only one definition wins (the loser's declare
+        then compares against it: ok or 406)."""
+
+    async def check_exchange_declare(self, vhost: VHost, name: str, type_: str, *,
+                                     durable: bool, auto_delete: bool, internal: bool,
+                                     arguments: dict[str, Any]) -> None:
+        """The same for exchange.declare."""
+
+    async def check_writable(self) -> None:
+        """Before any other metadata change: raise when the cluster cannot take it."""
+
+    async def commit(self) -> None:
+        """After a metadata change: return once the cluster has it."""
+
+
+class LocalCluster:
+    """One node: the cluster is its name and itself."""
+
+    clustered = False
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.name = node.name
+        self._started_ms = int(time.time() * 1000)
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def members(self) -> list[Member]:
+        return [Member(self.node.name, True, self_card(self.node, self._started_ms))]
+
+    def alarms(self) -> list[dict[str, str]]:
+        return [{"node": self.node.name, "resource": r}
+                for r in sorted(self.node.alarms_active())]
+
+    async def sync(self) -> None:
+        pass
+
+    def changed(self, vhost: str | None, what: str, obj: object) -> None:
+        pass
+
+    async def check_queue_declare(self, vhost: VHost, name: str, *, durable: bool,
+                                  exclusive: bool, auto_delete: bool,
+                                  arguments: dict[str, Any], server_named: bool) -> None:
+        pass
+
+    async def check_exchange_declare(self, vhost: VHost, name: str, type_: str, *,
+                                     durable: bool, auto_delete: bool, internal: bool,
+                                     arguments: dict[str, Any]) -> None:
+        pass
+
+    async def check_writable(self) -> None:
+        pass
+
+    async def commit(self) -> None:
+        pass
+
+
+def self_card(node: Node, started_ms: int) -> dict[str, Any]:
+    """What a node tells the cluster about itself (its card in etcd)."""
+    return {"name": node.name, "pid": os.getpid(), "started": started_ms,
+            "amqp_port": node.port, "management_port": node.management_port(),
+            "alarms": sorted(node.alarms_active())}

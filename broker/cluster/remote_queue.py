@@ -1,0 +1,214 @@
+"""A queue homed on another node, as this node's vhost holds it: enough of AMQQueue for
+routing, declare/bind/delete rules and the management API; messages and consumers go over the
+inter-node link to the home node (broker/cluster/link.py)."""
+
+from __future__ import annotations
+
+import base64
+from collections import deque
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from broker.cluster.link import LinkError
+from broker.message import Message
+from broker.protocol.constants import NOT_FOUND
+from broker.protocol.errors import ChannelError
+from broker.queue.arguments import QueueArgs
+from broker.store.definitions import decode_table
+
+if TYPE_CHECKING:
+    from broker.cluster.etcd_cluster import EtcdCluster
+    from broker.cluster.link import Link
+    from broker.policy import Policy
+    from broker.queue.consumer import Consumer
+    from broker.queue.variable_queue import Entry
+    from broker.server.channel import Channel
+    from broker.vhost import VHost
+
+__all__ = ["REMOTE_OWNER", "RemoteQueue"]
+
+
+class _RemoteOwner:
+    """The exclusive owner of a queue declared exclusive on another node: nobody here."""
+
+    name = "(connection on another node)"
+
+
+REMOTE_OWNER = _RemoteOwner()
+
+
+class _RemoteCredit:
+    """A RemoteQueue's side of credit flow: the home node's queue grants (BUMP frames), so
+    all that is left here is telling it when a publishing channel goes."""
+
+    def __init__(self, rq: RemoteQueue) -> None:
+        self.rq = rq
+
+    def peer_down(self, channel: Any) -> None:
+        self.rq._senders.discard(channel)
+        link = self.rq.cluster.links.get(self.rq.home)
+        if link is not None:
+            link.sender_down(channel)
+
+
+class RemoteQueue:
+    bq = None
+    durability = None
+    active_consumer = None
+    published = delivered = acked = redelivered = 0
+
+    def __init__(self, vhost: VHost, record: dict[str, Any], cluster: EtcdCluster) -> None:
+        self.vhost = vhost
+        self.cluster = cluster
+        self.name: str = record["name"]
+        self.home: str = record["node"]
+        self.durable: bool = record["durable"]
+        self.auto_delete: bool = record["auto_delete"]
+        self.exclusive_owner: object | None = REMOTE_OWNER if record["exclusive"] else None
+        self.arguments: dict[str, Any] = decode_table(record["arguments"])
+        self.args = QueueArgs(self.arguments)
+        self.policy: Policy | None = None
+        self.operator_policy: Policy | None = None
+        self.effective_policy: dict[str, Any] = {}
+        self.consumers: deque[Consumer] = deque()  # this node's consumers of it
+        self.deleted = False
+        self._senders: set[Channel] = set()  # channels that published to it: told when it goes
+        self.credit_flow = _RemoteCredit(self)
+
+    # -- what the vhost and channels ask of any queue ---------------------------------------
+    def _home_down(self) -> ChannelError:
+        return ChannelError(
+            NOT_FOUND,
+            f"home node '{self.home}' of durable queue '{self.name}' in vhost "
+            f"'{self.vhost.name}' is down or inaccessible",
+        )
+
+    def available(self) -> bool:
+        """Its home node is reachable: a member with a link up (a node killed is down for
+        us as soon as its link breaks, before its lease runs out)."""
+        return self.cluster.links.get(self.home) is not None
+
+    def touch(self) -> None:
+        if not self.available():
+            raise self._home_down()
+
+    def set_policies(self, policy: Policy | None, operator_policy: Policy | None,
+                     effective: dict[str, Any]) -> None:
+        self.policy, self.operator_policy, self.effective_policy = (
+            policy, operator_policy, effective)
+
+    def post_publishes(self, channel: Channel | None, items: list[tuple[Message, int]]) -> None:
+        """A batch routed here: over the link to the home node; the home node down, the
+        messages are lost for this queue (the channel returns and nacks what reached no
+        live queue)."""
+        link = self.cluster.links.get(self.home)
+        if link is None:
+            if channel is not None:
+                channel.publishes_lost(self, items)  # type: ignore[arg-type]
+            return
+        if channel is not None:
+            self._senders.add(channel)
+        link.publish(self, channel, items)
+
+    def _link(self) -> Link:
+        link = self.cluster.links.get(self.home)
+        if link is None:
+            raise self._home_down()
+        return link
+
+    # -- consumers and acks, over the link --------------------------------------------------
+    def add_consumer(self, consumer: Consumer) -> None:
+        self._link().subscribe(self, consumer)
+        self.consumers.append(consumer)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        try:
+            self.consumers.remove(consumer)
+        except ValueError:
+            return
+        link = self.cluster.links.get(self.home)
+        if link is not None:
+            link.unsubscribe(consumer)
+
+    def consumer_activity(self, consumer: Consumer) -> tuple[bool, str]:
+        return True, "up"
+
+    def _settle(self, op: str, seqs: list[int], requeue: bool = False) -> None:
+        link = self.cluster.links.get(self.home)
+        if link is not None and seqs:  # else the home node requeued them when the link went
+            link.settle(self, op, list(seqs), requeue)
+
+    def ack(self, seqs: Iterable[int]) -> None:
+        self._settle("ack", list(seqs))
+
+    def reject(self, seqs: list[int], requeue: bool) -> None:
+        self._settle("reject", seqs, requeue)
+
+    def requeue(self, seqs: list[int]) -> None:
+        self._settle("reject", seqs, True)
+
+    async def get(self, ack_required: bool) -> tuple[Entry, int] | None:
+        """basic.get, answered by the home node."""
+        reply = await self._call({"op": "get", "ack": ack_required})
+        if reply.get("empty"):
+            return None
+        msg = Message(reply["exchange"], reply["routing_key"], base64.b64decode(reply["props"]),
+                      base64.b64decode(reply["body"]))
+        return (reply["seq"], msg, reply["redelivered"], 0.0), reply["remaining"]
+
+    async def purge(self) -> int:
+        return int((await self._call({"op": "purge"})).get("count", 0))
+
+    async def _call(self, message: dict[str, Any]) -> dict[str, Any]:
+        try:
+            reply = await self._link().call({**message, "v": self.vhost.name, "q": self.name})
+        except LinkError:
+            raise self._home_down() from None
+        if reply.get("missing"):
+            raise ChannelError(NOT_FOUND, f"no queue '{self.name}' in vhost '{self.vhost.name}'")
+        return reply
+
+    def drain(self) -> None:
+        pass
+
+    @property
+    def message_count(self) -> int:
+        return 0
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self.consumers)
+
+    def has_exclusive_consumer(self) -> bool:
+        return any(c.exclusive for c in self.consumers)
+
+    def stop(self) -> None:
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        self.deleted = True
+        for ch in self._senders:
+            ch.credit_flow.peer_down(self)
+        self._senders.clear()
+        for consumer in list(self.consumers):
+            self.consumers.remove(consumer)
+            link = self.cluster.links.get(self.home)
+            if link is not None:
+                link.unsubscribe(consumer)
+
+    def close(self) -> None:
+        pass
+
+    def wake(self) -> None:
+        pass
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.name, "vhost": self.vhost.name, "durable": self.durable,
+                "auto_delete": self.auto_delete, "exclusive": self.exclusive_owner is not None,
+                "arguments": self.arguments, "messages": 0, "messages_ready": 0,
+                "messages_unacknowledged": 0, "consumers": len(self.consumers),
+                "message_bytes_ready": 0,
+                "state": "running" if self.available() else "down"}
+
+    def __repr__(self) -> str:
+        return f"<RemoteQueue {self.vhost.name}/{self.name} on {self.home}>"

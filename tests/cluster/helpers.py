@@ -1,0 +1,86 @@
+"""A private etcd (temp dir, free ports) and Hare nodes joined to it, for the cluster tests."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.mgmt.helpers import MgmtBroker, free_port
+
+ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+
+
+class EtcdProc:
+    """One etcd member on loopback; stop/start keep its data and ports."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    def start(self, timeout: float = 20.0) -> EtcdProc:
+        if not Path(ETCD).exists():
+            pytest.skip("etcd is not installed (Debian's etcd-server)")
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        log = open(self.root / "etcd.log", "ab")  # noqa: SIM115 - owned by the process
+        self.proc = subprocess.Popen(
+            [ETCD, "--name", "test", "--data-dir", str(self.root / "etcd"),
+             "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"test={peer}", "--log-level", "warn"],
+            stdout=log, stderr=log)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as resp:
+                    if json.loads(resp.read()).get("health") == "true":
+                        return self
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("etcd did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+
+class ClusterNode(MgmtBroker):
+    """A Hare node of cluster `cluster` on `etcd`, management on a free port."""
+
+    def __init__(self, data_dir: Path, etcd: EtcdProc, cluster: str, name: str,
+                 args: list[str] | None = None) -> None:
+        super().__init__(data_dir, ["--cluster-etcd", etcd.url, "--cluster-name", cluster,
+                                    "--node-name", name, "--cluster-lease-ttl-s", "3",
+                                    "--cluster-secret", "test-secret",
+                                    "--cluster-link-host", "127.0.0.1",
+                                    "--cluster-link-port", "0", *(args or [])])
+        self.name = name
+
+
+def wait_for(check, timeout: float = 10.0, what: str = "condition"):  # type: ignore[no-untyped-def]
+    """Poll `check()` until it returns something true; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)

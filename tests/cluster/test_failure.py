@@ -1,0 +1,127 @@
+"""A node going down, with real processes: its queues answer 404 with RabbitMQ's text and
+are never recreated elsewhere, publishes to them are returned and nacked, the others keep
+serving, and its restart brings every confirmed persistent message back; a node cut off
+from etcd longer than its lease comes back by itself."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterator
+
+import aio_pika
+import pytest
+from aiormq.exceptions import ChannelNotFoundEntity, DeliveryError
+from pamqp.commands import Basic
+
+from .helpers import ClusterNode, EtcdProc, wait_for
+
+DOWN = "home node 'fail-b' of durable queue 'dq' in vhost '/' is down or inaccessible"
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory, etcd: EtcdProc
+         ) -> Iterator[tuple[ClusterNode, ClusterNode]]:
+    root = tmp_path_factory.mktemp("fail")
+    a = ClusterNode(root / "a", etcd, "fail", "fail-a").start()
+    b = ClusterNode(root / "b", etcd, "fail", "fail-b").start()
+    yield a, b
+    b.kill()
+    a.stop()
+
+
+def links_up(node: ClusterNode) -> bool:
+    return all(n["running"] for n in node.get("/api/nodes"))
+
+
+async def test_kill_home_node_then_restart(pair: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = pair
+    cb = await aio_pika.connect(b.url)
+    dq = await (await cb.channel()).declare_queue("dq", durable=True)
+    await dq.bind("amq.fanout")
+    await cb.close()
+    wait_for(lambda: a.api("GET", "/api/queues/%2F/dq")[0] == 200, what="dq on a")
+
+    ca = await aio_pika.connect(a.url)
+    pub = await ca.channel(publisher_confirms=True)
+    local = await pub.declare_queue("aq", durable=True)  # homed on a
+    n = 100
+    await asyncio.gather(*[pub.default_exchange.publish(
+        aio_pika.Message(str(i).encode(), delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+        routing_key="dq") for i in range(n)])  # all confirmed: on b's disk
+
+    b.kill()
+    # a's own queues go on
+    await pub.default_exchange.publish(aio_pika.Message(b"still"), routing_key="aq")
+    assert (await local.get()).body == b"still"
+    # b's queue: 404 with RabbitMQ's text for declare, consume and get; never recreated
+    for attempt in ("declare", "consume", "get"):
+        ch = await ca.channel()
+        with pytest.raises(ChannelNotFoundEntity, match=DOWN):
+            if attempt == "declare":
+                await ch.declare_queue("dq", durable=True)
+            elif attempt == "consume":
+                q = await ch.get_queue("dq", ensure=False)
+                await q.consume(lambda m: None)
+            else:
+                q = await ch.get_queue("dq", ensure=False)
+                await q.get()
+    assert a.get("/api/queues/%2F/dq")["node"] == "fail-b"
+    # a publish that reaches only the down queue is not confirmed as delivered: nacked,
+    # and returned first when mandatory
+    with pytest.raises(DeliveryError):
+        await pub.default_exchange.publish(aio_pika.Message(b"nacked"), routing_key="dq",
+                                           mandatory=False)
+    returned: list[bytes] = []
+    pub.return_callbacks.add(lambda _, m: returned.append(m.body))
+    result = await pub.default_exchange.publish(aio_pika.Message(b"lost"), routing_key="dq",
+                                                mandatory=True)
+    assert returned == [b"lost"] and not isinstance(result, Basic.Ack)
+    # routed to a live queue too (a fanout bound to both): that one confirms it
+    await (await pub.get_queue("aq", ensure=False)).bind("amq.fanout")
+    fanout = await pub.get_exchange("amq.fanout", ensure=False)
+    assert isinstance(await fanout.publish(aio_pika.Message(b"both"), routing_key=""),
+                      Basic.Ack)
+    assert (await local.get()).body == b"both"
+
+    b.start()
+    wait_for(lambda: links_up(a) and a.get("/api/queues/%2F/dq")["state"] == "running",
+             what="b back")
+    assert b.get("/api/queues/%2F/dq")["messages"] == n
+    ch = await ca.channel()
+    q = await ch.get_queue("dq", ensure=False)
+    bodies = []
+    for _ in range(n):
+        m = await q.get(no_ack=True)
+        bodies.append(int(m.body))
+    assert bodies == list(range(n))
+    await ca.close()
+
+
+async def test_lease_expired_while_cut_off(pair: tuple[ClusterNode, ClusterNode]) -> None:
+    """SIGSTOP longer than the lease (3 s): the others see the node down; resumed, it finds
+    its lease gone, joins again and serves its queues to the cluster as before."""
+    a, b = pair
+    if b.proc is None:
+        b.start()
+    wait_for(lambda: links_up(a), what="both up")
+    os.kill(b.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: not links_up(a), timeout=15, what="b down for a")
+    finally:
+        os.kill(b.pid, signal.SIGCONT)
+    wait_for(lambda: links_up(a), timeout=15, what="b back by itself")
+    wait_for(lambda: a.get("/api/queues/%2F/dq")["state"] == "running", what="dq reachable")
+    ca = await aio_pika.connect(a.url)
+    ch = await ca.channel()
+    await ch.default_exchange.publish(aio_pika.Message(b"after"), routing_key="dq")
+    q = await ch.get_queue("dq", ensure=False)
+    got = None
+    for _ in range(50):
+        got = await q.get(fail=False, no_ack=True)
+        if got is not None:
+            break
+        await asyncio.sleep(0.1)
+    assert got is not None and got.body == b"after"
+    await ca.close()

@@ -1,0 +1,109 @@
+"""Membership on etcd leases, with real processes: a private etcd and Hare nodes on loopback.
+Node names are unique in a cluster; /api/nodes and hare-ctl cluster_status list every node;
+a killed node is down once its lease expires, and its restart takes its name back at once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pika
+
+from tests.conftest import ROOT, BrokerProc
+from tests.mgmt.helpers import MgmtBroker
+
+from .helpers import ClusterNode, EtcdProc, wait_for
+
+
+def ctl(node: MgmtBroker, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HARE_MANAGEMENT_URL": node.http}
+    return subprocess.run([sys.executable, "-m", "broker.ctl", *args], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=30)
+
+
+def running(node: MgmtBroker) -> dict[str, bool]:
+    return {n["name"]: n["running"] for n in node.get("/api/nodes")}
+
+
+def test_members_names_and_restart(tmp_path: Path, etcd: EtcdProc) -> None:
+    a = ClusterNode(tmp_path / "a", etcd, "m1", "hare-a").start()
+    b = ClusterNode(tmp_path / "b", etcd, "m1", "hare-b").start()
+    try:
+        wait_for(lambda: running(a) == {"hare-a": True, "hare-b": True}, what="both running")
+        assert a.get("/api/overview")["cluster_name"] == "m1"
+        assert a.get("/api/nodes/hare-b")["running"] is True
+
+        # a second node with a taken name: one clear line, exit 1, before any listener
+        dup = ClusterNode(tmp_path / "dup", etcd, "m1", "hare-b")
+        dup.data_dir.mkdir()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        res = subprocess.run([sys.executable, "-m", "broker", "--port", "0",
+                              "--management-port", "0", "--data-dir", str(dup.data_dir),
+                              *dup.args], capture_output=True, text=True, env=env, cwd=ROOT,
+                             timeout=30)
+        assert res.returncode == 1
+        assert res.stderr.strip().splitlines() == [
+            res.stderr.strip()
+        ] and "node name 'hare-b' is already in use in the cluster" in res.stderr
+        assert "listening" not in res.stdout
+
+        status = ctl(a, "cluster_status")
+        assert status.returncode == 0, status.stderr
+        out = status.stdout
+        assert "Cluster name: m1" in out
+        running_part = out.split("Running Nodes")[1].split("Alarms")[0]
+        assert "hare-a" in running_part and "hare-b" in running_part
+
+        # kill -9: down for the others once the lease (3 s) expires, still a known node
+        b.kill()
+        wait_for(lambda: running(a) == {"hare-a": True, "hare-b": False}, timeout=15,
+                 what="hare-b down")
+        out = ctl(a, "cluster_status").stdout
+        assert "hare-b" in out.split("Disk Nodes")[1].split("Running Nodes")[0]
+        assert "hare-b" not in out.split("Running Nodes")[1].split("Alarms")[0]
+
+        # kill -9 and restart at once: the same data directory takes its name back from the
+        # old lease without waiting for it to expire
+        b.start()
+        b.kill()
+        b.start()
+        wait_for(lambda: running(a) == {"hare-a": True, "hare-b": True}, what="hare-b back")
+    finally:
+        b.kill()
+        a.stop()
+
+
+def test_list_queues_node_column(tmp_path: Path, etcd: EtcdProc) -> None:
+    a = ClusterNode(tmp_path / "a", etcd, "m2", "hare-q").start()
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(a.url))
+        conn.channel().queue_declare("nodecol")
+        conn.close()
+        res = ctl(a, "list_queues", "name", "node")
+        assert res.returncode == 0, res.stderr
+        assert any(line.split() == ["nodecol", "hare-q"] for line in res.stdout.splitlines())
+    finally:
+        a.stop()
+
+
+def test_single_node_name(tmp_path: Path) -> None:
+    """--node-name and HARE_NODE_NAME name a node without a cluster (a container keeps its
+    name when it is re-created); the cluster is the node alone."""
+    b = MgmtBroker(tmp_path / "d", ["--node-name", "solo@box"]).start()
+    try:
+        assert b.get("/api/overview")["node"] == "solo@box"
+        assert [n["name"] for n in b.get("/api/nodes")] == ["solo@box"]
+        assert "Running Nodes\n\nsolo@box" in ctl(b, "cluster_status").stdout
+    finally:
+        b.stop()
+    env_node = BrokerProc(tmp_path / "e", env={"HARE_NODE_NAME": "env@box"})
+    env_node.start()
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(env_node.url))
+        assert conn is not None
+        conn.close()
+        assert "env@box" in env_node.log()
+    finally:
+        env_node.stop()

@@ -1,0 +1,136 @@
+"""Metadata in etcd, with real processes: what one node declares every node knows (and
+routes by), concurrent declares end as on one node, deletes reach everyone, users and
+policies too, and a definitions export on any node covers the whole cluster."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import aio_pika
+import pytest
+from aiormq.exceptions import ChannelPreconditionFailed
+
+from .helpers import ClusterNode, EtcdProc, wait_for
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory, etcd: EtcdProc
+         ) -> Iterator[tuple[ClusterNode, ClusterNode]]:
+    root = tmp_path_factory.mktemp("meta")
+    a = ClusterNode(root / "a", etcd, "meta", "meta-a").start()
+    b = ClusterNode(root / "b", etcd, "meta", "meta-b").start()
+    yield a, b
+    b.stop()
+    a.stop()
+
+
+def queue_names(node: ClusterNode) -> dict[str, str]:
+    return {q["name"]: q["node"] for q in node.get("/api/queues/%2F")}
+
+
+async def test_declares_are_seen_everywhere(pair: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = pair
+    conn = await aio_pika.connect(a.url)
+    ch = await conn.channel()
+    x = await ch.declare_exchange("m.x", aio_pika.ExchangeType.TOPIC, durable=True)
+    q = await ch.declare_queue("m.q", durable=True, arguments={"x-max-length": 10})
+    await q.bind(x, "k.#")
+    await conn.close()
+    wait_for(lambda: queue_names(b).get("m.q") == "meta-a", what="m.q on b")
+    wait_for(lambda: any(bd["source"] == "m.x" and bd["destination"] == "m.q"
+                         for bd in b.get("/api/bindings/%2F")), what="binding on b")
+    assert b.get("/api/exchanges/%2F/m.x")["type"] == "topic"
+    assert b.get("/api/queues/%2F/m.q")["arguments"] == {"x-max-length": 10}
+
+    # a redeclare on b with other arguments is refused as on one node
+    conn = await aio_pika.connect(b.url)
+    ch = await conn.channel()
+    with pytest.raises(ChannelPreconditionFailed, match="inequivalent arg 'x-max-length'"):
+        await ch.declare_queue("m.q", durable=True, arguments={"x-max-length": 11})
+    ch = await conn.channel()
+    await ch.declare_queue("m.q", durable=True, arguments={"x-max-length": 10})  # the same: ok
+    # a delete on b reaches a
+    await ch.queue_delete("m.q")
+    await ch.exchange_delete("m.x")
+    await conn.close()
+    wait_for(lambda: "m.q" not in queue_names(a), what="m.q gone on a")
+    wait_for(lambda: all(bd["source"] != "m.x" for bd in a.get("/api/bindings/%2F")),
+             what="bindings gone on a")
+
+
+async def test_racing_declares_one_wins(pair: tuple[ClusterNode, ClusterNode]) -> None:
+    """Two nodes declare the same queue with different arguments at the same moment, many
+    times over: each round exactly one declare-ok and one 406, and both nodes agree on the
+    winner's arguments."""
+    a, b = pair
+    ca, cb = await aio_pika.connect(a.url), await aio_pika.connect(b.url)
+    try:
+        for round_ in range(5):
+            name = f"race.{round_}"
+
+            async def declare(conn: aio_pika.abc.AbstractConnection, length: int,
+                              name: str = name) -> int:
+                ch = await conn.channel()
+                try:
+                    await ch.declare_queue(name, arguments={"x-max-length": length})
+                except ChannelPreconditionFailed:
+                    return 0
+                await ch.close()
+                return length
+
+            results = await asyncio.gather(declare(ca, 1), declare(cb, 2))
+            winners = [r for r in results if r]
+            assert len(winners) == 1, results
+            for node in (a, b):
+                wait_for(lambda n=node, q=name: n.api("GET", f"/api/queues/%2F/{q}")[0] == 200,
+                         what=f"{name} on {node.name}")
+                assert node.get(f"/api/queues/%2F/{name}")["arguments"] == {
+                    "x-max-length": winners[0]}
+    finally:
+        await ca.close()
+        await cb.close()
+
+
+async def test_users_policies_and_definitions(pair: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = pair
+    assert a.api("PUT", "/api/users/meta-user", {"password": "pw", "tags": ""})[0] == 201
+    assert a.api("PUT", "/api/permissions/%2F/meta-user",
+                 {"configure": ".*", "write": ".*", "read": ".*"})[0] == 201
+    assert a.api("PUT", "/api/policies/%2F/meta-pol",
+                 {"pattern": "^pol\\.", "definition": {"max-length": 3}})[0] == 201
+    wait_for(lambda: b.api("GET", "/api/users/meta-user")[0] == 200, what="user on b")
+    wait_for(lambda: b.api("GET", "/api/policies/%2F/meta-pol")[0] == 200, what="policy on b")
+    # the user logs in on b; the policy applies to a queue declared on b
+    conn = await aio_pika.connect(f"amqp://meta-user:pw@127.0.0.1:{b.port}/")
+    ch = await conn.channel()
+    await ch.declare_queue("pol.q")
+    await conn.close()
+    assert b.get("/api/queues/%2F/pol.q")["policy"] == "meta-pol"
+    wait_for(lambda: queue_names(a).get("pol.q") == "meta-b", what="pol.q on a")
+    # an export on either node has every node's durable queues
+    assert a.api("PUT", "/api/queues/%2F/exp.b", {"durable": True})[0] == 201
+    for node in (a, b):
+        wait_for(lambda n=node: "exp.b" in {q["name"] for q in n.get("/api/definitions")["queues"]},
+                 what=f"exp.b exported by {node.name}")
+    # deleting the user on b removes it on a
+    assert b.api("DELETE", "/api/users/meta-user")[0] == 204
+    wait_for(lambda: a.api("GET", "/api/users/meta-user")[0] == 404, what="user gone on a")
+
+
+def test_restart_takes_the_cluster_state(tmp_path: Path, etcd: EtcdProc,
+                                         pair: tuple[ClusterNode, ClusterNode]) -> None:
+    """A node stopped while the others change definitions finds them at start: new ones
+    appear, deleted ones (its own durable queues included) go."""
+    a, b = pair
+    assert b.api("PUT", "/api/queues/%2F/stays", {"durable": True})[0] == 201
+    assert b.api("PUT", "/api/queues/%2F/goes", {"durable": True})[0] == 201
+    wait_for(lambda: {"stays", "goes"} <= set(queue_names(a)), what="queues on a")
+    b.stop()
+    assert a.api("DELETE", "/api/queues/%2F/goes")[0] == 204
+    assert a.api("PUT", "/api/exchanges/%2F/while-down", {"type": "fanout"})[0] == 201
+    b.start()
+    assert "goes" not in queue_names(b)
+    assert queue_names(b)["stays"] == "meta-b"
+    assert b.api("GET", "/api/exchanges/%2F/while-down")[0] == 200
