@@ -114,6 +114,15 @@ async def test_users_policies_and_definitions(pair: tuple[ClusterNode, ClusterNo
     for node in (a, b):
         wait_for(lambda n=node: "exp.b" in {q["name"] for q in n.get("/api/definitions")["queues"]},
                  what=f"exp.b exported by {node.name}")
+    # kinds added later plug in as key families: topic permissions and user limits
+    assert a.api("PUT", "/api/topic-permissions/%2F/meta-user",
+                 {"exchange": "amq.topic", "write": "^a", "read": ".*"})[0] in (201, 204)
+    assert a.api("PUT", "/api/user-limits/meta-user/max-connections", {"value": 7})[0] == 204
+    wait_for(lambda: b.api("GET", "/api/topic-permissions/%2F/meta-user")[0] == 200,
+             what="topic permission on b")
+    assert b.get("/api/topic-permissions/%2F/meta-user")[0]["write"] == "^a"
+    wait_for(lambda: b.get("/api/user-limits/meta-user") == [
+        {"user": "meta-user", "value": {"max-connections": 7}}], what="user limit on b")
     # deleting the user on b removes it on a
     assert b.api("DELETE", "/api/users/meta-user")[0] == 204
     wait_for(lambda: a.api("GET", "/api/users/meta-user")[0] == 404, what="user gone on a")
