@@ -455,8 +455,11 @@ class Links:
                     writer.close()
                     raise
                 return
-            except (OSError, LinkError, TimeoutError, asyncio.IncompleteReadError,
-                    ValueError) as exc:
+            except LinkError as exc:  # a node that cannot prove the secret: say so
+                log.warning("cluster link refused", peer=peer, error=str(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
                 log.debug("link dial failed", peer=peer, error=str(exc))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)

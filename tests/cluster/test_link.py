@@ -9,6 +9,7 @@ import asyncio
 import os
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import aio_pika
 import pytest
@@ -119,3 +120,23 @@ async def test_credit_flow_across_the_link(trio: tuple[ClusterNode, ...]) -> Non
     await asyncio.to_thread(wait_for, lambda: b.get("/api/queues/%2F/cf")["messages"] == 3000,
                             30.0, "all 3000 on the home node")
     await ca.close()
+
+
+async def test_wrong_secret_gets_no_link(tmp_path: Path, etcd: EtcdProc,
+                                         trio: tuple[ClusterNode, ...]) -> None:
+    """A node that does not know the cluster secret is a member (etcd lets it in) but no
+    node links with it: its queues are unreachable from the others, nothing crosses."""
+    a = trio[0]
+    z = ClusterNode(tmp_path / "z", etcd, "link", "link-z",
+                    ["--cluster-lease-ttl-s", "10", "--cluster-secret", "not-the-secret"])
+    z.start()
+    try:
+        cz = await aio_pika.connect(z.url)
+        await (await cz.channel()).declare_queue("zq")
+        await cz.close()
+        wait_for(lambda: a.api("GET", "/api/queues/%2F/zq")[0] == 200, what="zq on a")
+        await asyncio.sleep(1.0)  # time enough for a dial and its refusal
+        assert a.get("/api/queues/%2F/zq")["state"] == "down"
+        assert "did not prove the cluster secret" in z.log() + a.log()
+    finally:
+        z.stop()
