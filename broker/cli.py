@@ -29,8 +29,7 @@ _BANNERS = {"amqp": "hare-server", "http": "hare-management", "amqp/ssl": "hare-
 
 
 async def run(settings: Settings, ready: asyncio.Event | None = None) -> int:
-    from broker.cluster import NodeNameTaken
-    from broker.cluster.etcd import EtcdUnavailable
+    from broker.cluster import ClusterUnavailable, NodeNameTaken
     from broker.node import Node
     from broker.server.listener import ListenerError
     from broker.server.tls import TlsError
@@ -38,7 +37,7 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> int:
     node = Node(settings)
     try:
         await node.start()
-    except (ListenerError, TlsError, NodeNameTaken, EtcdUnavailable) as exc:
+    except (ListenerError, TlsError, NodeNameTaken, ClusterUnavailable) as exc:
         print(f"hare-server: {exc}", file=sys.stderr)
         return 1
     stop = asyncio.Event()

@@ -9,13 +9,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from broker.cluster.local import Cluster, LocalCluster
-from broker.cluster.membership import Member, NodeNameTaken
+from broker.cluster.local import (
+    Cluster,
+    ClusterUnavailable,
+    LocalCluster,
+    Member,
+    NodeNameTaken,
+)
 
 if TYPE_CHECKING:
     from broker.node import Node
 
-__all__ = ["Cluster", "LocalCluster", "Member", "NodeNameTaken", "make_cluster"]
+__all__ = ["Cluster", "ClusterUnavailable", "LocalCluster", "Member", "NodeNameTaken",
+           "make_cluster"]
 
 
 def make_cluster(node: Node) -> Cluster:

@@ -20,10 +20,13 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["Etcd", "EtcdUnavailable", "KeyValue", "TxnResult", "WatchEvent", "prefix_end"]
+from broker.cluster.local import ClusterUnavailable
+
+__all__ = ["Etcd", "EtcdUnavailable", "KeyValue", "TxnResult", "WatchCompacted", "WatchEvent",
+           "prefix_end"]
 
 
-class EtcdUnavailable(Exception):
+class EtcdUnavailable(ClusterUnavailable):
     """etcd could not be reached or refused the call."""
 
 

@@ -4,15 +4,31 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
-
-from broker.cluster.membership import Member
 
 if TYPE_CHECKING:
     from broker.node import Node
     from broker.vhost import VHost
 
-__all__ = ["Cluster", "LocalCluster"]
+__all__ = ["Cluster", "ClusterUnavailable", "LocalCluster", "Member", "NodeNameTaken"]
+
+
+class NodeNameTaken(Exception):
+    """Another running node already has this name."""
+
+
+class ClusterUnavailable(Exception):
+    """The cluster's store cannot be reached (etcd: EtcdUnavailable)."""
+
+
+@dataclass(slots=True)
+class Member:
+    """A node of the cluster as /api/nodes shows it: its card is what it published."""
+
+    name: str
+    running: bool
+    card: dict[str, Any] = field(default_factory=dict)
 
 
 class Cluster(Protocol):

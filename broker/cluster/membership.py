@@ -23,27 +23,16 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from broker.cluster.etcd import Etcd, EtcdUnavailable, KeyValue, sleep_backoff
+from broker.cluster.local import Member, NodeNameTaken
 
-__all__ = ["Member", "Membership", "NodeNameTaken"]
+__all__ = ["Membership", "NodeNameTaken"]
 
 log = structlog.get_logger("hare.cluster")
-
-
-class NodeNameTaken(Exception):
-    """Another running node already has this name."""
-
-
-@dataclass(slots=True)
-class Member:
-    name: str
-    running: bool
-    card: dict[str, Any] = field(default_factory=dict)
 
 
 class Membership:
