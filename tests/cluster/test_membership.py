@@ -107,3 +107,19 @@ def test_single_node_name(tmp_path: Path) -> None:
         assert "env@box" in env_node.log()
     finally:
         env_node.stop()
+
+
+def test_cluster_needs_a_secret() -> None:
+    """A cluster without a shared secret would accept links from anyone: refused at load."""
+    from broker.config import ConfigError, load_settings
+
+    try:
+        load_settings(["--cluster-etcd", "http://127.0.0.1:2379"], {})
+    except ConfigError as exc:
+        assert "cluster_secret" in str(exc)
+    else:
+        raise AssertionError("a cluster without cluster_secret was accepted")
+    settings = load_settings([], {"HARE_CLUSTER_ETCD": "http://e:2379",
+                                  "HARE_CLUSTER_SECRET": "s", "HARE_NODE_NAME": "n1"})
+    assert (settings.cluster_etcd, settings.cluster_secret, settings.node_name) == (
+        "http://e:2379", "s", "n1")
