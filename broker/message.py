@@ -14,6 +14,8 @@ from typing import Any
 
 from pamqp import commands
 
+from broker.protocol.properties import decode_properties
+
 __all__ = [
     "Message", "encode_properties", "next_msg_id", "parse_delivery_mode", "parse_priority",
 ]
@@ -83,8 +85,8 @@ class Message:
 
     __slots__ = (
         "_address",
-        "_properties",
         "body",
+        "decoded",
         "exchange",
         "msg_id",
         "persistent",
@@ -108,7 +110,9 @@ class Message:
         self.props = props
         self.body = body
         self.persistent = parse_delivery_mode(props) == 2
-        self._properties: commands.Basic.Properties | None = None
+        # the decoded properties, kept while a publish is routed; the channel drops them
+        # before the message is queued (a 128 KiB headers table decodes to some MiB)
+        self.decoded: commands.Basic.Properties | None = None
 
     @property
     def address(self) -> bytes:
@@ -125,13 +129,11 @@ class Message:
 
     @property
     def properties(self) -> commands.Basic.Properties:
-        """Decoded properties (pamqp), cached. Raises ValueError on a malformed block."""
-        if self._properties is None:
-            p = commands.Basic.Properties()
-            flags, offset = _read_flags(self.props)
-            p.unmarshal(flags, self.props[offset:])
-            self._properties = p
-        return self._properties
+        """Decoded properties (pamqp's class, broker/protocol/properties.py's linear
+        decoder), cached in `decoded`. Raises ValueError on a malformed block."""
+        if self.decoded is None:
+            self.decoded = decode_properties(self.props)
+        return self.decoded
 
     @property
     def has_expiration(self) -> bool:
@@ -143,11 +145,9 @@ class Message:
             return {}
         return self.properties.headers or {}
 
-    def with_properties(self, properties: commands.Basic.Properties) -> Message:
-        """A copy with new properties (dead-lettering, CC/BCC removal); same body."""
-        m = Message(self.exchange, self.routing_key, encode_properties(properties), self.body)
-        m._properties = properties
-        return m
+    def with_props(self, props: bytes) -> Message:
+        """A copy with another raw property block (BCC removal, direct reply-to); same body."""
+        return Message(self.exchange, self.routing_key, props, self.body)
 
     # -- the on-disk form, used by the message stores and the queue index -------------------
     def encode(self) -> bytes:
@@ -170,16 +170,3 @@ class Message:
 
     def __repr__(self) -> str:
         return f"<Message {self.msg_id:x} {self.exchange!r}/{self.routing_key!r} {self.size}B>"
-
-
-def _read_flags(props: bytes) -> tuple[int, int]:
-    flags, pos, word = 0, 0, 0
-    while True:
-        if len(props) < pos + 2:
-            raise ValueError("content header flags are truncated")
-        part = (props[pos] << 8) | props[pos + 1]
-        flags |= part << (word * 16)
-        pos += 2
-        if not part & 1:
-            return flags, pos
-        word += 1

@@ -375,6 +375,7 @@ class VHost:
             return 0
         queues = self.route(ex, msg)
         deaths = msg.headers.get("x-death") or []
+        msg.decoded = None  # queues keep the raw block only
         n = 0
         for q in queues:
             if is_cycle(q.name, deaths):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from pamqp import commands
@@ -22,9 +22,13 @@ from pamqp import commands
 from broker.message import Message, encode_properties
 from broker.mgmt.api import DEFAULT_EXCHANGE_ALIAS, vhost_of
 from broker.mgmt.authz import Need, add_route, caller, require, require_topic
-from broker.mgmt.server import NODE, ApiError, json_response, read_json
+from broker.mgmt.server import NODE, ApiError, dumps, json_response, read_json
 from broker.protocol.errors import AMQPError
+from broker.protocol.properties import check_properties
 from broker.routing.router import routing_keys
+
+if TYPE_CHECKING:
+    from broker.queue.amqqueue import AMQQueue
 
 __all__ = ["add_routes"]
 
@@ -57,7 +61,10 @@ def _properties(raw: object) -> commands.Basic.Properties:
 
 
 def _properties_json(msg: Message) -> dict[str, Any]:
-    props = msg.properties
+    try:
+        props = msg.properties
+    except ValueError as exc:  # stored before the channel checked every publish's block
+        return {"error": f"properties do not decode: {exc}"}
     out: dict[str, Any] = {}
     for name, attr in _PROPERTIES.items():
         value = getattr(props, attr, None)
@@ -97,7 +104,12 @@ async def publish(request: web.Request) -> web.Response:
             and "impersonator" not in who.tags:
         raise ApiError(400, f"406 PRECONDITION_FAILED - user_id property set to "
                             f"'{props.user_id}' but authenticated user was '{who.name}'")
-    msg = Message(ex.name, routing_key, encode_properties(props), data)
+    try:
+        raw = encode_properties(props)
+        check_properties(raw)  # what a channel's publish must pass
+    except (TypeError, ValueError) as exc:
+        raise ApiError(400, f"bad properties: {exc}") from exc
+    msg = Message(ex.name, routing_key, raw, data)
     try:
         keys = routing_keys(msg)
     except AMQPError as exc:  # a CC or BCC header that is not an array
@@ -127,6 +139,24 @@ async def get(request: web.Request) -> web.Response:
     if encoding not in ("auto", "base64"):
         raise ApiError(400, "encoding must be 'auto' or 'base64'")
     taken: list[int] = []
+    try:
+        text = dumps(_take(q, count, encoding, truncate, taken))
+    except BaseException:
+        q.requeue(taken)  # whatever went wrong, what was taken goes back
+        raise
+    if taken:
+        if ackmode == "ack_requeue_true" or ackmode == "reject_requeue_true":
+            q.requeue(taken)
+        elif ackmode == "ack_requeue_false":
+            q.ack(taken)
+        else:
+            q.reject(taken, False)  # dead-lettered if the queue has a DLX
+    return web.Response(text=text, content_type="application/json")
+
+
+def _take(q: AMQQueue, count: int, encoding: str, truncate: Any,
+          taken: list[int]) -> list[dict[str, Any]]:
+    """Up to `count` messages as JSON objects; their seq_ids go to `taken` as they are got."""
     out: list[dict[str, Any]] = []
     for _ in range(count):
         got = q.get(True)
@@ -151,14 +181,7 @@ async def get(request: web.Request) -> web.Response:
             "payload": text if text is not None else base64.b64encode(data).decode(),
             "payload_encoding": "string" if text is not None else "base64",
         })
-    if taken:
-        if ackmode == "ack_requeue_true" or ackmode == "reject_requeue_true":
-            q.requeue(taken)
-        elif ackmode == "ack_requeue_false":
-            q.ack(taken)
-        else:
-            q.reject(taken, False)  # dead-lettered if the queue has a DLX
-    return json_response(out)
+    return out
 
 
 def add_routes(app: web.Application) -> None:

@@ -20,6 +20,7 @@ from broker.flow.credit_flow import DEFAULT_CREDIT, CreditFlow
 from broker.flow.mailbox import Mailbox
 from broker.flow.memory_pressure import RateMeter
 from broker.message import Message
+from broker.protocol.properties import short_string
 from broker.queue import dead_letter as dlx
 from broker.queue.arguments import QueueArgs
 from broker.queue.consumer import Consumer
@@ -220,7 +221,7 @@ class AMQQueue:
                 if seq:
                     rejected.append(seq)
                 if args.overflow == "reject-publish-dlx":
-                    self._dead_letter([msg], dlx.MAXLEN)
+                    self._dead_letter(msg, dlx.MAXLEN)
                 continue
             expires_at = 0.0
             if ttl is not None or msg.has_expiration:
@@ -244,8 +245,8 @@ class AMQQueue:
     def _expiry_for(self, msg: Message, ttl: int | None, now: float) -> float:
         best = ttl
         if msg.has_expiration:
-            try:
-                per_msg = int(msg.properties.expiration or "")
+            try:  # read from the raw block: a queued message keeps nothing decoded
+                per_msg = int(short_string(msg.props, "expiration") or "")
             except ValueError:
                 per_msg = None
             if per_msg is not None and (best is None or per_msg < best):
@@ -270,10 +271,13 @@ class AMQQueue:
             or (a.max_length_bytes is not None and self.bq.bytes_ready > a.max_length_bytes)
         ):
             entry = self.bq.fetch(False)
-            assert entry is not None
+            if entry is None:
+                break
             dropped.append(entry)
-        if dropped:
-            self._dead_letter([e[1] for e in dropped], dlx.MAXLEN)
+        # max-length drops them either way (a message that cannot be dead-lettered too: keeping
+        # it would break the limit), as without a dead-letter exchange
+        for entry in dropped:
+            self._dead_letter(entry[1], dlx.MAXLEN)
 
     # -- TTL and x-expires ------------------------------------------------------------------
     def _arm_ttl(self) -> None:
@@ -285,15 +289,19 @@ class AMQQueue:
         if head is None or not head[3]:
             return
         now = time.monotonic()
-        expired: list[Entry] = []
+        expired = False
         while head is not None and head[3] and head[3] <= now:
-            self.bq.fetch(False)
-            expired.append(head)
+            entry = self.bq.fetch(True)
+            if entry is None:
+                break
+            expired = True
+            if self._dead_letter(entry[1], dlx.EXPIRED):
+                self.bq.ack((entry[0],))
+            else:  # it stays at the head, no longer to expire
+                self.bq.restore((entry[0],))
             head = self.bq.peek()
-        if expired:
-            self._dead_letter([e[1] for e in expired], dlx.EXPIRED)
-            if self.durability is not None:
-                self.durability.end_batch()
+        if expired and self.durability is not None:
+            self.durability.end_batch()
         if head is not None and head[3]:
             loop = asyncio.get_running_loop()
             self._ttl_timer = loop.call_at(
@@ -328,13 +336,27 @@ class AMQQueue:
         self.vhost.delete_queue(self)
 
     # -- dead-lettering ---------------------------------------------------------------------
-    def _dead_letter(self, msgs: list[Message], reason: str) -> None:
+    def _dead_letter(self, msg: Message, reason: str) -> bool:
+        """Dead-letter `msg` (or let it go: no dead-letter exchange). False when that failed:
+        the caller keeps the message where it was, as RabbitMQ would not lose it either. A
+        stored message always decodes (the channel checks each publish), so this is for
+        messages stored before that check, and for bugs: logged once, never raised."""
         exchange = self.args.dlx
         if exchange is None:
-            return
-        for msg in msgs:
+            return True
+        try:
             out = dlx.dead_letter(msg, self.name, reason, exchange, self.args.dlrk)
             self.vhost.publish_internal(out)
+        except Exception as exc:  # whatever it is, the message must not go
+            log.error(
+                "dead-lettering failed, message kept",
+                queue=self.name,
+                vhost=self.vhost.name,
+                reason=reason,
+                error=repr(exc)[:200],
+            )
+            return False
+        return True
 
     # -- delivery ---------------------------------------------------------------------------
     def _deliver(self) -> None:
@@ -358,7 +380,6 @@ class AMQQueue:
         n = len(consumers)
         idle = 0
         now = self._now
-        expired: list[Entry] = []
         durability = self.durability
         while bq and idle < n:
             budget -= 1
@@ -371,11 +392,13 @@ class AMQQueue:
                 idle += 1
                 continue
             entry = bq.fetch(not c.no_ack)
-            assert entry is not None
-            if entry[3] and entry[3] < now:
+            if entry is None:  # nothing readable was left
+                break
+            # an expired message leaves, unless it cannot be dead-lettered: then it is
+            # delivered as if it had not expired, rather than lost
+            if entry[3] and entry[3] < now and self._dead_letter(entry[1], dlx.EXPIRED):
                 if not c.no_ack:
                     bq.ack((entry[0],))
-                expired.append(entry)
                 continue
             if durability is not None and not c.no_ack and entry[1].persistent:
                 durability.delivered(entry[0])
@@ -385,8 +408,6 @@ class AMQQueue:
                 self.redelivered += 1
             consumers.rotate(-1)
             idle = 0
-        if expired:
-            self._dead_letter([e[1] for e in expired], dlx.EXPIRED)
         return budget
 
     # -- synchronous operations (called by channels) ----------------------------------------
@@ -397,10 +418,10 @@ class AMQQueue:
             entry = self.bq.fetch(ack_required)
             if entry is None:
                 return None
-            if entry[3] and entry[3] < time.monotonic():
+            expired = entry[3] and entry[3] < time.monotonic()
+            if expired and self._dead_letter(entry[1], dlx.EXPIRED):  # (see _deliver_to)
                 if ack_required:
                     self.bq.ack((entry[0],))
-                self._dead_letter([entry[1]], dlx.EXPIRED)
                 continue
             self.delivered += 1
             if self.durability is not None:
@@ -418,7 +439,12 @@ class AMQQueue:
             self.bq.requeue(seqs)
             self._ttl_dirty = True  # a requeued message may have expired meanwhile: drop it
         else:
-            self._dead_letter(self.bq.ack(seqs), dlx.REJECTED)
+            kept = [seq for seq, msg in self.bq.pending_messages(seqs)
+                    if not self._dead_letter(msg, dlx.REJECTED)]
+            gone = set(kept)
+            self.bq.ack([s for s in seqs if s not in gone] if gone else seqs)
+            if kept:  # could not be dead-lettered: back in the queue, as for requeue=true
+                self.bq.requeue(kept)
         self.wake()
 
     def requeue(self, seqs: list[int]) -> None:

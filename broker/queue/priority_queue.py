@@ -128,15 +128,26 @@ class PriorityQueue:
         return vq.publish(msg, expires_at, redelivered)
 
     def peek(self) -> Entry | None:
-        vq = self._first()
-        return vq.peek() if vq is not None else None
+        while True:
+            vq = self._first()
+            if vq is None:
+                return None
+            before = len(vq)  # a level may skip unreadable bodies on the way
+            entry = vq.peek()
+            self._len -= before - len(vq)
+            if entry is not None:
+                return entry
 
     def fetch(self, ack_required: bool = True) -> Entry | None:
-        vq = self._first()
-        if vq is None:
-            return None
-        self._len -= 1
-        return vq.fetch(ack_required)
+        while True:
+            vq = self._first()
+            if vq is None:
+                return None
+            before = len(vq)  # a level may skip unreadable bodies on the way
+            entry = vq.fetch(ack_required)
+            self._len -= before - len(vq)
+            if entry is not None:
+                return entry
 
     def ack(self, seq_ids: Iterable[int]) -> list[Message]:
         out: list[Message] = []
@@ -152,11 +163,27 @@ class PriorityQueue:
             out.extend(vq.drop_pending())
         return out
 
+    def pending_messages(self, seq_ids: Iterable[int]) -> list[tuple[int, Message]]:
+        out: list[tuple[int, Message]] = []
+        for level, seqs in _by_level(seq_ids).items():
+            vq = self._levels.get(level)
+            if vq is not None:
+                out.extend(vq.pending_messages(seqs))
+        return out
+
     def requeue(self, seq_ids: Iterable[int]) -> int:
         back = 0
         for level, seqs in _by_level(seq_ids).items():
             if level in self._levels:
                 back += self._level(level).requeue(seqs)
+        self._len += back
+        return back
+
+    def restore(self, seq_ids: Iterable[int]) -> int:
+        back = 0
+        for level, seqs in _by_level(seq_ids).items():
+            if level in self._levels:
+                back += self._level(level).restore(seqs)
         self._len += back
         return back
 

@@ -29,6 +29,7 @@ pending until `ack` (which removes its disk copies) or `requeue`."""
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -154,6 +155,9 @@ class VariableQueue:
         # monotonic counters, for the message rate the memory monitor shares RAM by
         self.in_count = 0  # published + requeued
         self.out_count = 0  # fetched
+        # bodies that could not be read back (damaged on disk, set aside and logged by the
+        # store): the message leaves the queue and the next one is read instead
+        self.unreadable = 0
 
     # -- sizes --------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -245,6 +249,8 @@ class VariableQueue:
             if not self._q3:
                 return None
             self._read_back_head()
+            if not self._q4:
+                return None
         st = self._q4[0]
         assert st.msg is not None
         return (st.seq_id, st.msg, st.delivered, st.expires_at)
@@ -256,6 +262,8 @@ class VariableQueue:
             if not self._q3:
                 return None
             self._read_back_head()
+            if not self._q4:
+                return None
         st = self._q4.popleft()
         msg = st.msg
         assert msg is not None
@@ -281,9 +289,27 @@ class VariableQueue:
         """Ack everything pending (queue deletion)."""
         return self.ack(list(self._pending))
 
+    def pending_messages(self, seq_ids: Iterable[int]) -> list[tuple[int, Message]]:
+        """(seq_id, message) of these pending messages, left pending."""
+        pending = self._pending
+        out = []
+        for seq in seq_ids:
+            st = pending.get(seq)
+            if st is not None and st.msg is not None:
+                out.append((seq, st.msg))
+        return out
+
     def requeue(self, seq_ids: Iterable[int]) -> int:
         """Put pending messages back in seq order among the ready ones (so at the head, behind
         any older requeued ones), marked redelivered. Returns how many went back."""
+        return self._put_back(seq_ids, True)
+
+    def restore(self, seq_ids: Iterable[int]) -> int:
+        """Put pending messages back where they were, not marked redelivered and no longer to
+        expire: messages the queue took to expire or dead-letter and could not."""
+        return self._put_back(seq_ids, False)
+
+    def _put_back(self, seq_ids: Iterable[int], redelivered: bool) -> int:
         pending = self._pending
         back = sorted(
             (st for st in (pending.pop(s, None) for s in seq_ids) if st is not None),
@@ -293,7 +319,10 @@ class VariableQueue:
             return 0
         self.in_count += len(back)
         for st in back:
-            st.delivered = True
+            if redelivered:
+                st.delivered = True
+            else:
+                st.expires_at = 0.0
             self._len += 1
             self._bytes += st.size
         # Older than q3's head: alphas in q4. Older than delta: betas in q3. Else delta (a
@@ -448,8 +477,30 @@ class VariableQueue:
         self._delta_count += 1
 
     def _read_back_head(self) -> None:
-        """q3's head -> q4's rear (q4 is empty) with its body read from disk."""
-        st = self._q3.popleft()
+        """q3's head -> q4's rear (q4 is empty) with its body read from disk. A body that
+        cannot be read (the store found its record damaged and set it aside) is skipped: that
+        message leaves the queue, `unreadable` counts it, and the next one is read. q4 stays
+        empty only when nothing readable was left."""
+        while self._q3:
+            st = self._q3.popleft()
+            try:
+                msg = self._read_body(st)
+            except (LookupError, ValueError, struct.error):
+                self._unreadable(st)
+            else:
+                st.msg = msg
+                if st.size < 0:  # loaded from delta: the index does not know sizes
+                    st.size = len(msg.body)
+                self._ram += 1
+                self._ram_bytes += st.size
+                self._q4.append(st)
+                if not self._q3:
+                    self._refill_q3()
+                return
+            if not self._q3:
+                self._refill_q3()
+
+    def _read_body(self, st: _Status) -> Message:
         data: bytes | None
         if st.in_store:
             data = self._store_for(st).read(st.msg_id)
@@ -458,15 +509,16 @@ class VariableQueue:
             data = entries[0].payload if entries else None
             if data is None:
                 raise LookupError(f"seq_id {st.seq_id} is missing from the queue index")
-        msg = Message.decode(data, st.msg_id)
-        st.msg = msg
-        if st.size < 0:  # loaded from delta: the index does not know sizes
-            st.size = len(msg.body)
-        self._ram += 1
-        self._ram_bytes += st.size
-        self._q4.append(st)
-        if not self._q3:
-            self._refill_q3()
+        return Message.decode(data, st.msg_id)
+
+    def _unreadable(self, st: _Status) -> None:
+        """A ready message whose body is gone: it leaves the queue (its index entry is acked;
+        the store has already dropped the body, and set the damaged record aside)."""
+        self._len -= 1
+        self._bytes = max(0, self._bytes - max(0, st.size))
+        if st.on_index:
+            self._index.ack([st.seq_id])
+        self.unreadable += 1
 
     def _refill_q3(self) -> None:
         """q3 ran dry: load delta a segment at a time; delta empty -> q2 joins q3; all of q3,

@@ -4,7 +4,7 @@
 - Routing keys: the message's routing key, then the longstr entries of the "CC" and "BCC"
   headers (sender-selected distribution); every exchange on the way routes with all of them. A
   CC/BCC header that is not an array is a 406 PRECONDITION_FAILED, as RabbitMQ. BCC must be
-  removed from the message before delivery: that is the caller's job (Message.with_properties).
+  removed from the message before delivery: that is the caller's job (rewrite_properties).
 - Exchange-to-exchange: a destination that is an `Exchange` is routed through in turn. Each
   exchange is visited at most once per publish (the source counts as visited), so cycles end.
 - Alternate exchange: when an exchange's own `route` matched nothing (for all keys), its

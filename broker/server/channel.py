@@ -40,8 +40,15 @@ from broker.protocol.constants import (
     NOT_FOUND,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
+    SYNTAX_ERROR,
 )
 from broker.protocol.errors import AMQPError, ChannelError, ConnectionError_
+from broker.protocol.properties import (
+    MalformedProperties,
+    TableTooDeep,
+    check_properties,
+    rewrite_properties,
+)
 from broker.queue.arguments import consumer_priority
 from broker.queue.consumer import Consumer
 from broker.routing.router import may_have_cc, routing_keys
@@ -62,6 +69,8 @@ _CLOSE_PREFIX = (0x00140000 | 40).to_bytes(4, "big")
 _CLOSE_OK_PREFIX = (0x00140000 | 41).to_bytes(4, "big")
 _OPEN_PREFIX = (0x00140000 | 10).to_bytes(4, "big")
 _STOP = ("stop",)
+# property blocks that need no check: none, or a delivery mode alone (what most publishers send)
+_PLAIN_PROPS = frozenset((b"\x00\x00", b"\x10\x00\x01", b"\x10\x00\x02"))
 _OPEN = ChannelState.OPEN
 
 
@@ -773,6 +782,8 @@ class Channel:
             if ex.type == "topic" and self.auth.topic_checked(self.principal, self.vhost.name,
                                                               exchange):
                 self._topic_write[exchange] = ex
+        if len(props) > 3 or props not in _PLAIN_PROPS:
+            _check_block(props)
         msg = Message(exchange, routing_key, props, body, 0, address)
         if self._topic_write and exchange in self._topic_write:
             self._check_topic_keys(msg)
@@ -839,14 +850,14 @@ class Channel:
 
     def _set_reply_to(self, msg: Message) -> Message:
         """reply_to = amq.rabbitmq.reply-to becomes this channel's reply name."""
-        props = msg.properties
-        if props.reply_to != REPLY_QUEUE:
+        if msg.properties.reply_to != REPLY_QUEUE:
             return msg
         if self.reply_consumer is None:
             raise ChannelError(PRECONDITION_FAILED, "fast reply consumer does not exist",
                                (60, 40))
-        props.reply_to = self.reply_consumer[2]
-        return msg.with_properties(props)
+        return msg.with_props(
+            rewrite_properties(msg.props, replace={"reply_to": self.reply_consumer[2]})
+        )
 
     def _route(self, ex: Exchange, msg: Message, mandatory: bool, seq: int) -> None:
         queues = self.vhost.route(ex, msg)
@@ -880,11 +891,9 @@ class Channel:
             return
         # raw-bytes test first: decoding every message's headers to look for BCC is not free
         if may_have_cc(msg.props) and "BCC" in msg.headers:
-            props = msg.properties
-            headers = dict(props.headers or {})
-            headers.pop("BCC", None)
-            props.headers = headers
-            msg = msg.with_properties(props)
+            msg = msg.with_props(rewrite_properties(msg.props, drop_headers=("BCC",)))
+        elif msg.decoded is not None:
+            msg.decoded = None  # queues keep the raw block only
         batch = self._batch
         n = 0
         for q in queues:
@@ -1053,6 +1062,19 @@ async def _named(pending: Awaitable[None], ids: tuple[int, int]) -> None:
         if exc.method == (0, 0):
             exc.method = ids
         raise
+
+
+def _check_block(props: bytes) -> None:
+    """A publish's property block must decode, its tables nested at most MAX_TABLE_DEPTH deep:
+    every later path (dead-lettering, headers exchange, management) can then read it."""
+    try:
+        check_properties(props)
+    except TableTooDeep as exc:
+        raise ChannelError(PRECONDITION_FAILED, f"headers table refused: {exc}", (60, 40)) from exc
+    except MalformedProperties as exc:
+        raise ConnectionError_(
+            SYNTAX_ERROR, f"malformed content header properties: {exc}", (60, 40)
+        ) from exc
 
 
 def _ids(method: Any) -> tuple[int, int]:
