@@ -325,7 +325,8 @@ def _verify(_: Client | None, a: argparse.Namespace) -> tuple[Any, str]:
     data: list[dict[str, Any]] = [{"directory": r.directory, "ok": r.ok, "segments": r.segments,
              "messages": r.messages, "bytes": r.bytes, "duplicates": r.duplicates,
              "clean_shutdown": r.clean_shutdown, "snapshot": r.snapshot,
-             "quarantined": r.quarantined, "problems": r.problems()} for r in reports]
+             "quarantined": r.quarantined, "quarantined_messages": r.quarantined_messages,
+             "problems": r.problems()} for r in reports]
     lines = []
     for d in data:
         state = "ok" if d["ok"] else "DAMAGED"
@@ -335,6 +336,10 @@ def _verify(_: Client | None, a: argparse.Namespace) -> tuple[Any, str]:
                      f"snapshot: {d['snapshot']})")
         lines += [f"  {p}" for p in d["problems"]]
         lines += [f"  quarantined: {q}" for q in d["quarantined"]]
+        lines += [f"  quarantined message {m.get('msg_id')} of queue '{m.get('queue')}' in "
+                  f"vhost '{m.get('vhost')}': {m.get('segment')} at {m.get('offset')}, "
+                  f"{m.get('error')} ({m.get('file')}, {m.get('quarantined_at')})"
+                  for m in d["quarantined_messages"]]
     if (root / layout.QUEUES).is_dir():
         ix = verify_queue_indexes(root / layout.QUEUES)
         data.append({"directory": ix.directory, "ok": ix.ok, "queues": ix.queues,

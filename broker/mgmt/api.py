@@ -35,7 +35,7 @@ from broker.mgmt.server import (
     no_content,
     read_json,
 )
-from broker.mgmt.stats import channels, details
+from broker.mgmt.stats import channels, details, stores
 from broker.mgmt.views import (
     bindings_of,
     channel_json,
@@ -522,12 +522,20 @@ async def binding_one(request: web.Request) -> web.Response:
     raise ApiError(404, "Not Found")
 
 
+async def quarantine(request: web.Request) -> web.Response:
+    """Messages set aside when their body was found damaged at read (broker/store/quarantine.py),
+    from every message store; what `hare-ctl verify` lists offline."""
+    return json_response([m for store in stores(request.app[NODE])
+                          for m in store.quarantined_messages()])
+
+
 def add_routes(app: web.Application) -> None:
     m, mon = Need.MANAGEMENT, Need.MONITORING
     for method, path, handler, need in (
         ("GET", "/api/overview", overview, m),
         ("GET", "/api/nodes", nodes, mon),
         ("GET", "/api/nodes/{name}", node_one, mon),
+        ("GET", "/api/quarantine", quarantine, mon),
         ("GET", "/api/auth/attempts/{name}", auth_attempts, mon),
         ("GET", "/api/connections", connections, m),
         ("GET", "/api/vhosts/{vhost}/connections", connections, m),

@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 from broker import __version__
 from broker.flow.memory_monitor import process_memory
 from broker.mgmt.server import NODE, STATS
-from broker.mgmt.stats import Stats, channels, queues
+from broker.mgmt.stats import Stats, channels, queues, stores
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -26,22 +26,8 @@ __all__ = ["HareCollector", "add_routes", "render"]
 
 
 def _store_stats(node: Node) -> list[tuple[str, dict[str, Any]]]:
-    """(name, stats) of each message store, when the node has stores (else nothing)."""
-    stores = getattr(node, "stores", None)
-    if not stores:  # today the stores hang off the node's Durable
-        durable = getattr(node, "durable", None)
-        stores = [s for s in (getattr(durable, "persistent", None),
-                              getattr(durable, "transient", None)) if s is not None]
-    if not stores:
-        return []
-    items = stores.items() if isinstance(stores, dict) else (
-        (str(getattr(s, "name", i)), s) for i, s in enumerate(stores))
-    out = []
-    for name, store in items:
-        stats = getattr(store, "stats", None)
-        if callable(stats):
-            out.append((str(name), stats()))
-    return out
+    """(name, stats) of each message store."""
+    return [(store.name, store.stats()) for store in stores(node)]
 
 
 class HareCollector(Collector):
@@ -136,11 +122,17 @@ class HareCollector(Collector):
             garbage = GaugeMetricFamily("hare_store_garbage_bytes",
                                         "Bytes of removed messages not yet compacted away",
                                         labels=["store"])
+            quarantined = GaugeMetricFamily(
+                "hare_store_quarantined_messages",
+                "Messages set aside in quarantine/ when found damaged at read",
+                labels=["store"])
             for name, st in store_stats:
                 size.add_metric([name], st.get("bytes", 0))
                 garbage.add_metric([name], st.get("garbage_bytes", 0))
+                quarantined.add_metric([name], st.get("quarantined_messages", 0))
             yield size
             yield garbage
+            yield quarantined
 
 
 def render(node: Node, stats: Stats) -> bytes:

@@ -21,8 +21,11 @@ if TYPE_CHECKING:
     from broker.node import Node
     from broker.queue.amqqueue import AMQQueue
     from broker.server.channel import Channel
+    from broker.store.msg_store import MsgStore
 
-__all__ = ["CHANNEL_COUNTERS", "QUEUE_COUNTERS", "Stats", "channels", "details", "queues"]
+__all__ = [
+    "CHANNEL_COUNTERS", "QUEUE_COUNTERS", "Stats", "channels", "details", "queues", "stores",
+]
 
 log = structlog.get_logger("hare.mgmt")
 
@@ -51,6 +54,13 @@ def queues(node: Node) -> Iterator[AMQQueue]:
 def channels(node: Node) -> Iterator[Channel]:
     for conn in list(node.connections):
         yield from list(conn.channels.values())
+
+
+def stores(node: Node) -> list[MsgStore]:
+    """The node's message stores (persistent, transient), once they have started."""
+    durable = getattr(node, "durable", None)
+    return [s for s in (getattr(durable, "persistent", None),
+                        getattr(durable, "transient", None)) if s is not None]
 
 
 def _counts(obj: object, names: dict[str, str]) -> dict[str, int]:

@@ -101,7 +101,7 @@ class StoreLink:
     grants it back. A store that falls behind blocks the queue, whose grants to channels are
     then deferred, and so on up to the reader's socket."""
 
-    __slots__ = ("client", "peer", "queue", "store")
+    __slots__ = ("client", "owner", "peer", "queue", "store")
 
     def __init__(self, queue: AMQQueue, store: MsgStore, peer: StorePeer,
                  client: QueueDurability | None) -> None:
@@ -109,6 +109,7 @@ class StoreLink:
         self.store = store
         self.peer = peer
         self.client = client  # told about persistent writes (confirms)
+        self.owner = (queue.vhost.name, queue.name)  # named by a record set aside
 
     def write(self, msg_id: int, data: bytes, client: object | None) -> None:
         self.queue.credit_flow.send(self.peer)
@@ -117,7 +118,7 @@ class StoreLink:
             self.client.stored_this_batch.add(msg_id)  # its confirm waits for the store too
 
     def read(self, msg_id: int) -> bytes:
-        return self.store.read(msg_id)
+        return self.store.read(msg_id, self.owner)
 
     def remove(self, msg_id: int) -> None:
         self.store.remove(msg_id)

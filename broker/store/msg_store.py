@@ -37,6 +37,7 @@ from broker.store.msg_store_recovery import (
     recover,
     wipe,
 )
+from broker.store.quarantine import MESSAGE_PREFIX, quarantine_record, quarantined_messages
 from broker.store.segment import (
     FILE_HEADER_SIZE,
     RECORD_HEADER_SIZE,
@@ -130,6 +131,7 @@ class MsgStore:
         self._gc_next_check = 0  # garbage bytes at which _gc_check next looks for a pair
         self._counters = {
             "quarantined": 0,
+            "quarantined_messages": 0,
             "corrupt_records": 0,
             "write_failures": 0,
             "compactions": 0,
@@ -159,7 +161,9 @@ class MsgStore:
                 self._apply_refs(refs() if refs is not None else None, report)
         quarantine_dir = self.directory / QUARANTINE_DIR
         if quarantine_dir.is_dir():
-            self._counters["quarantined"] = sum(1 for _ in quarantine_dir.iterdir())
+            self._counters["quarantined"] = sum(
+                1 for p in quarantine_dir.iterdir() if not p.name.startswith(MESSAGE_PREFIX))
+            self._counters["quarantined_messages"] = len(quarantined_messages(self.directory))
         self._counters["corrupt_records"] = report.corrupt_records
         self._next_file = next_file
         self._total_bytes = sum(s.file_size for s in self._summary.values())
@@ -324,9 +328,11 @@ class MsgStore:
     def contains(self, msg_id: int) -> bool:
         return msg_id in self._index
 
-    def read(self, msg_id: int) -> bytes:
+    def read(self, msg_id: int, owner: tuple[str, str] = ("", "")) -> bytes:
         """The body of a stored message: from the current-file cache, from a compaction's
-        in-memory copy, or by pread. KeyError if unknown; MessageUnreadable if damaged."""
+        in-memory copy, or by pread. KeyError if unknown; MessageUnreadable if damaged (the
+        record is then set aside, see broker/store/quarantine.py; `owner` is the (vhost,
+        queue) that read it, for the record's description)."""
         data = self._cache.get(msg_id)
         if data is not None:
             return data
@@ -344,11 +350,27 @@ class MsgStore:
         try:
             return decode_record(buf, msg_id)
         except CorruptRecord as e:
-            self._counters["corrupt_records"] += 1
-            self._log.error("corrupt_record", file=loc.file, offset=loc.offset, msg_id=msg_id,
-                            error=str(e))
-            self._forget(msg_id, loc)
+            self._set_aside(msg_id, loc, buf, str(e), owner)
             raise MessageUnreadable(msg_id) from e
+
+    def _set_aside(self, msg_id: int, loc: MsgLocation, record: bytes, error: str,
+                   owner: tuple[str, str]) -> None:
+        """A damaged record found at read: kept in quarantine/, logged once, forgotten (every
+        queue that refers to it goes on with its next message)."""
+        self._counters["corrupt_records"] += 1
+        self._counters["quarantined_messages"] += 1
+        where = {"store": self.name, "segment": segment_name(loc.file), "offset": loc.offset,
+                 "vhost": owner[0], "queue": owner[1], "error": error}
+        try:
+            quarantine_record(self.directory, msg_id, record, **where)
+        except OSError as exc:
+            where["quarantine_error"] = str(exc)
+        self._log.error("message_quarantined", msg_id=f"{msg_id:032x}", **where)
+        self._forget(msg_id, loc)
+
+    def quarantined_messages(self) -> list[dict[str, Any]]:
+        """What was set aside in this store's quarantine/ (broker/store/quarantine.py)."""
+        return quarantined_messages(self.directory)
 
     def stats(self) -> dict[str, int]:
         return {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from broker.store.msg_store_files import (
     BAD_HEADER,
@@ -21,6 +22,7 @@ from broker.store.msg_store_files import (
 )
 from broker.store.msg_store_index import SnapshotError
 from broker.store.msg_store_recovery import QUARANTINE_DIR
+from broker.store.quarantine import MESSAGE_PREFIX, quarantined_messages
 from broker.store.queue_index_files import BAD_HEADER as IDX_BAD_HEADER
 from broker.store.queue_index_files import QUARANTINE_DIR as IDX_QUARANTINE_DIR
 from broker.store.queue_index_files import UNREADABLE as IDX_UNREADABLE
@@ -44,7 +46,9 @@ class VerifyReport:
     torn_tails: list[tuple[str, int, int]] = field(default_factory=list)  # file, offset, bytes
     corrupt_records: list[tuple[str, int, int]] = field(default_factory=list)  # file, off, len
     interrupted_compactions: list[str] = field(default_factory=list)
-    quarantined: list[str] = field(default_factory=list)
+    quarantined: list[str] = field(default_factory=list)  # segment files moved aside
+    # messages set aside when found damaged at read (broker/store/quarantine.py)
+    quarantined_messages: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -107,7 +111,9 @@ def verify(directory: Path) -> VerifyReport:
             report.snapshot = "invalid"
     qdir = directory / QUARANTINE_DIR
     if qdir.is_dir():
-        report.quarantined = sorted(p.name for p in qdir.iterdir())
+        report.quarantined = sorted(
+            p.name for p in qdir.iterdir() if not p.name.startswith(MESSAGE_PREFIX))
+    report.quarantined_messages = quarantined_messages(directory)
     return report
 
 
