@@ -69,8 +69,6 @@ _CLOSE_PREFIX = (0x00140000 | 40).to_bytes(4, "big")
 _CLOSE_OK_PREFIX = (0x00140000 | 41).to_bytes(4, "big")
 _OPEN_PREFIX = (0x00140000 | 10).to_bytes(4, "big")
 _STOP = ("stop",)
-# property blocks that need no check: none, or a delivery mode alone (what most publishers send)
-_PLAIN_PROPS = frozenset((b"\x00\x00", b"\x10\x00\x01", b"\x10\x00\x02"))
 _OPEN = ChannelState.OPEN
 
 
@@ -782,13 +780,15 @@ class Channel:
             if ex.type == "topic" and self.auth.topic_checked(self.principal, self.vhost.name,
                                                               exchange):
                 self._topic_write[exchange] = ex
-        if len(props) > 3 or props not in _PLAIN_PROPS:
+        # the raw flags first: a block with more than a delivery mode and a priority must
+        # decode (checked once, here); expiration, reply_to, user_id are then looked at
+        flagged = len(props) >= 2 and (props[0] & 0xE7 or props[1])
+        if flagged:
             _check_block(props)
         msg = Message(exchange, routing_key, props, body, 0, address)
         if self._topic_write and exchange in self._topic_write:
             self._check_topic_keys(msg)
-        # expiration, reply_to, user_id: the raw flags first, decoding only when one is set
-        if len(props) >= 2 and (props[0] & 0x03 or props[1] & 0x10):
+        if flagged and (props[0] & 0x03 or props[1] & 0x10):
             msg = self._check_properties(msg)
         self.published += 1
         seq = 0
