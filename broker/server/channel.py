@@ -31,6 +31,7 @@ from broker.protocol.channel_state import (
     channel_step,
 )
 from broker.protocol.command_assembler import ACK_INDEX
+from broker.protocol.connection_state import ConnectionState
 from broker.protocol.constants import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
@@ -171,6 +172,8 @@ class Channel:
                         raise cmd[1]
                 except Pending as pending:
                     await self._after_answer(cmd, pending)
+                except _WriterBusy:
+                    await self._when_writable(cmd)
                 except Exception as exc:
                     self._on_error(exc)
             self._flush_batch()
@@ -196,6 +199,29 @@ class Channel:
                 return
             except Pending as again:
                 pending = again
+            except Exception as exc:
+                self._on_error(exc)
+                return
+
+    async def _when_writable(self, cmd: tuple[Any, ...]) -> None:
+        """A basic.get while the connection's writer is backed up (a client that does not read
+        its socket): the channel waits, in order, until it drains, so pipelined gets cannot
+        pull a queue into the writer's buffer (deliveries wait the same way, can_take)."""
+        while True:
+            self._flush_batch()
+            await self.writer.wait_writable()
+            if self.state is not _OPEN or self.reader.state >= ConnectionState.CLOSING:
+                return
+            try:
+                waiting = self._method(cmd[1])
+                if waiting is not None:
+                    await waiting
+                return
+            except _WriterBusy:
+                continue
+            except Pending as pending:
+                await self._after_answer(cmd, pending)
+                return
             except Exception as exc:
                 self._on_error(exc)
                 return
@@ -617,6 +643,8 @@ class Channel:
         m.queue = self._last_queue(m.queue)
         self._check("read", "queue", m.queue)
         q = self.vhost.queue(m.queue, self.reader)
+        if not self.writer.writable:
+            raise _WriterBusy
         got = q.get(not m.no_ack)
         if isawaitable(got):  # a queue on another node of a cluster answers over the link
             got = await got
@@ -628,6 +656,7 @@ class Channel:
         self.next_tag = tag + 1
         if not m.no_ack:
             self.unacked[tag] = (q, seq, None)
+        self.writer.note_queued(len(msg.body) + 64)
         self.writer.send_many(
             frames.encode_get_ok(
                 self.number,
@@ -1062,6 +1091,10 @@ async def _named(pending: Awaitable[None], ids: tuple[int, int]) -> None:
         if exc.method == (0, 0):
             exc.method = ids
         raise
+
+
+class _WriterBusy(Exception):
+    """A basic.get must wait for the connection's writer to drain (Channel._when_writable)."""
 
 
 def _check_block(props: bytes) -> None:

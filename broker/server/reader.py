@@ -236,6 +236,8 @@ class Reader(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         prev = self.state
         self.state = CLOSED
+        if self.writer is not None:
+            self.writer.abandon()  # channels waiting for it to drain go on to their end
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -800,6 +802,7 @@ class Reader(asyncio.Protocol):
             ch.stop()
         self.channels.clear()
         self.assemblers.clear()
+        self.writer.abandon()  # a channel waiting for the writer to drain waits no more
         self._held = [frames.encode_method(0, method)]
         self._linger_s = linger_s
         if self._timer is not None:  # no heartbeat or handshake timer from here on

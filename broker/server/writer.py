@@ -17,6 +17,7 @@ class Writer:
         "_loop",
         "_scheduled",
         "_transport",
+        "_waiters",
         "activity",
         "bytes_out",
         "full",
@@ -38,6 +39,7 @@ class Writer:
         self.queued = 0  # bytes of message bodies buffered here since the last flush
         self.full = False  # queued passed FULL_BYTES: deliveries wait for the next flush
         self.shut = False  # our half of the socket is closed: nothing more goes out
+        self._waiters: list[asyncio.Future[None]] = []  # wait_writable()
 
     def send(self, data: bytes) -> None:
         self._buf.append(data)
@@ -72,8 +74,10 @@ class Writer:
             data = b"".join(buf)  # one buffer for the kernel, and its size for send_oct
             self.bytes_out += len(data)
             self._transport.write(data)
-        if was_full and not self.paused and self.on_resume is not None:
-            self.on_resume()
+        if was_full and not self.paused:
+            if self.on_resume is not None:
+                self.on_resume()
+            self._wake()
 
     def shutdown(self) -> None:
         """Write what is buffered, then close our half of the socket (FIN): the peer reads
@@ -91,3 +95,25 @@ class Writer:
         self.paused = False
         if self.on_resume is not None:
             self.on_resume()
+        self._wake()
+
+    @property
+    def writable(self) -> bool:
+        """Neither above the transport's high-water mark nor FULL_BYTES of bodies this turn."""
+        return not (self.paused or self.full)
+
+    def wait_writable(self) -> asyncio.Future[None]:
+        """Done once writable again, or once the connection is gone (`abandon`)."""
+        fut = self._loop.create_future()
+        self._waiters.append(fut)
+        return fut
+
+    def abandon(self) -> None:
+        """The connection is gone: nobody waits for it to drain any more."""
+        self._wake()
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
