@@ -107,6 +107,13 @@ class Settings:
             v.int_value(0, 65535), "most channels per connection (0: no limit but the protocol's)"
         ),
     )
+    consumer_max_per_channel: int = field(
+        default=0,
+        metadata=_m(
+            v.int_value(0),
+            "most consumers one channel may have (0: no limit, as RabbitMQ); one more is 530",
+        ),
+    )
     max_message_size: int = field(
         default=128 * _MiB,
         metadata=_m(

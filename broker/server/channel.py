@@ -553,6 +553,12 @@ class Channel:
         self.wake_queues()
 
     def _basic_consume(self, m: commands.Basic.Consume) -> None:
+        limit = self.reader.settings.consumer_max_per_channel
+        if limit and len(self.consumers) >= limit and m.consumer_tag not in self.consumers:
+            # RabbitMQ's consumer_max_per_channel (3.12+): checked first, a hard error
+            raise ConnectionError_(
+                NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel"
+            )
         m.queue = self._last_queue(m.queue)
         if m.queue == REPLY_QUEUE:
             self._consume_replies(m)

@@ -281,3 +281,74 @@ def test_huge_headers_tables_are_queued_raw_not_decoded(broker_factory):
     # raw: 150 x 117 KiB = 17 MiB; kept decoded it was ~1.6 MiB a message, 240 MiB
     assert grown < 64 * 1024 * 1024, grown >> 20
     c.close()
+
+
+# -- thousands of channels, each with a half-sent message ---------------------------------------
+def test_thousands_of_channels_each_with_a_half_sent_message(broker_factory):
+    """2,000 channels (channel_max 2047) each announce 1 MiB and send 64 KiB of it: 125 MiB
+    wanted; the content budget lets one connection hold at most max(budget, max_message_size)."""
+    b = broker_factory(args=["--vm-memory-high-watermark", "300MiB",
+                             "--max-message-size", "16MiB"]).start()
+    c = RawClient(b.port, timeout=30)
+    c.handshake()
+    n = 2000
+    c.send(b"".join(wire_method(ch, commands.Channel.Open()) for ch in range(1, n + 1)))
+    for _ in range(n):
+        c.expect(commands.Channel.OpenOk)
+    before = _rss(b.pid)
+    part = raw_frame(3, 1, bytes(64 * 1024))
+    c.sock.settimeout(2.0)
+    sent = 0
+    try:
+        for ch in range(1, n + 1):
+            frame = part[:1] + struct.pack(">H", ch) + part[3:]
+            c.sock.sendall(wire_method(ch, commands.Basic.Publish(exchange="", routing_key="x"))
+                           + _header(ch, 1 << 20) + frame)
+            sent += 64 * 1024
+    except TimeoutError:
+        pass  # the broker stopped reading us: the budget at work
+    assert _rss(b.pid) - before < 100 * 1024 * 1024, (sent >> 20, _rss(b.pid) - before >> 20)
+    assert sent < 100 * 1024 * 1024, sent >> 20  # what socket buffers hold past the budget
+    c.close()
+    roundtrip_ok(b.port)
+
+
+def wire_method(channel: int, method: object) -> bytes:
+    from pamqp import frame as pframe
+    return pframe.marshal(method, channel)  # type: ignore[arg-type]
+
+
+# -- consumers per channel ----------------------------------------------------------------------
+def test_consumer_max_per_channel_is_530_as_rabbitmq(broker_factory):
+    b = broker_factory(args=["--consumer-max-per-channel", "3"]).start()
+    c = RawClient(b.port)
+    c.handshake()
+    c.open_channel(1)
+    c.send_method(1, commands.Queue.Declare(queue="", exclusive=True))
+    q = c.expect(commands.Queue.DeclareOk, 1).queue
+    for i in range(3):
+        c.send_method(1, commands.Basic.Consume(queue=q, consumer_tag=f"c{i}"))
+        c.expect(commands.Basic.ConsumeOk, 1)
+    c.send_method(1, commands.Basic.Consume(queue=q, consumer_tag="c3"))
+    close = c.expect(commands.Connection.Close, 0)
+    assert (close.reply_code, close.reply_text) == (
+        530, "NOT_ALLOWED - reached maximum (3) of consumers per channel")
+    c.close()
+
+
+# -- handshakes never finished ------------------------------------------------------------------
+def test_half_open_connections_cost_little_and_are_dropped(broker_factory):
+    b = broker_factory(args=["--handshake-timeout-s", "1"]).start()
+    before = _rss(b.pid)
+    clients = []
+    for i in range(300):
+        c = RawClient(b.port)
+        c.send(b"AMQP\x00\x00"[: i % 7])  # nothing, or part of the protocol header
+        clients.append(c)
+    grown = _rss(b.pid) - before
+    assert grown < 300 * 32 * 1024, grown  # a few KiB each
+    # and each is closed once handshake_timeout_s is over
+    assert all(c.closed(10.0) for c in clients)
+    for c in clients:
+        c.close()
+    roundtrip_ok(b.port)
