@@ -51,14 +51,19 @@ def _hare_perf(url: str, scenario: str, count: int, size: int) -> subprocess.Pop
          "--size", str(size), "--json"], stdout=subprocess.PIPE, text=True)
 
 
-def aggregate(urls: list[str], scenario: str, count: int, size: int) -> float:
-    """Messages per second summed over one hare-perf per URL, started together."""
+def aggregate(urls: list[str], scenario: str, count: int, size: int,
+              pids: list[int]) -> tuple[float, list[float]]:
+    """Messages per second summed over one hare-perf per URL, started together, and the
+    share of a core each node's process used meanwhile (is the broker the bottleneck?)."""
+    before = [_cpu([pid]) for pid in pids]
+    start = time.monotonic()
     procs = [_hare_perf(u, scenario, count, size) for u in urls]
     total = 0.0
     for proc in procs:
         out, _ = proc.communicate(timeout=600)
         total += float(json.loads(out)[0]["median"]["msg_s"])
-    return total
+    wall = time.monotonic() - start
+    return total, [(_cpu([pid]) - b) / wall for pid, b in zip(pids, before, strict=True)]
 
 
 async def _declare(url: str, queue: str, delete: bool = False) -> None:
@@ -136,9 +141,13 @@ def main(argv: list[str] | None = None) -> int:
                 order = [("1 node", one), ("2 nodes", two)]
                 if r % 2:
                     order.reverse()
+                pids = [p.pid for p in cluster.nodes]
                 for label, urls in order:
-                    rate = aggregate(urls, scenario, args.count, args.size)
+                    rate, cores = aggregate(urls, scenario, args.count, args.size, pids)
                     results.setdefault(f"{scenario} {label}", []).append(rate)
+                    for i, share in enumerate(cores):
+                        results.setdefault(f"{scenario} {label} hare-{i + 1} cores",
+                                           []).append(share)
             for key, value in asyncio.run(link_cost(cluster, args.count // 2,
                                                     args.size)).items():
                 results.setdefault(key, []).append(value)
