@@ -17,7 +17,7 @@ run: $(STAMP)
 	$(BIN)/hare-server --data-dir ./data
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -rs
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

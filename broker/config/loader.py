@@ -31,7 +31,8 @@ CONFIG_ENV = ENV_PREFIX + "CONFIG"  # path of the TOML file when --config is not
 # HARE_* variables of the other Hare tools, which share the broker's environment (a shell, a
 # container). Any other unknown HARE_* variable is taken for a misspelt setting.
 OTHER_TOOLS_ENV = frozenset({CONFIG_ENV, "HARE_MANAGEMENT_URL"})  # hare-ctl's
-OTHER_TOOLS_ENV_PREFIXES = ("HARE_CTL_", "HARE_PERF_", "HARE_TEST_")
+# HARE_COMPOSE_*: what docker/compose.yaml reads from the shell that runs compose.
+OTHER_TOOLS_ENV_PREFIXES = ("HARE_CTL_", "HARE_PERF_", "HARE_TEST_", "HARE_COMPOSE_")
 
 
 class ConfigError(Exception):

@@ -234,6 +234,7 @@ def test_unrelated_environment_is_ignored() -> None:
         "HARE_PERF_TEST_URL": "amqp://",
         "HARE_CTL_ANYTHING": "x",
         "HARE_TEST_ANYTHING": "x",
+        "HARE_COMPOSE_AMQP_PORT": "5673",  # docker/compose.yaml's
     }
     assert load_settings([], env) == Settings()
 

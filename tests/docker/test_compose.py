@@ -39,7 +39,9 @@ def test_service_builds_from_the_dockerfile() -> None:
 def test_ports_volume_and_config_mount() -> None:
     document = compose()
     service = document["services"]["hare"]
-    assert {"5672:5672", "15672:15672"} <= set(service["ports"])
+    assert set(interpolated(dict(enumerate(service["ports"]))).values()) == {
+        "5672:5672", "15672:15672"}
+    assert interpolated({"image": service["image"]})["image"] == "hare:latest"
     assert "hare-data" in document["volumes"]
     assert "hare-data:/var/lib/hare" in service["volumes"]
     mounts = {volume.split(":")[1]: volume for volume in service["volumes"]}

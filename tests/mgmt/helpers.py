@@ -23,6 +23,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def api_request(base: str, method: str, path: str, body: Any = None, *, user: str = "guest",
+                password: str = "guest", headers: dict[str, str] | None = None,
+                timeout: float = 10.0) -> tuple[int, Any]:
+    """(status, decoded JSON or None) of one request to the management API at `base`
+    (http://host:port); HTTP errors are returned, not raised."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base + path, data=data, method=method)
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    req.add_header("Authorization", f"Basic {token}")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    return status, (json.loads(raw) if raw.strip() else None)
+
+
 class MgmtBroker(BrokerProc):
     """tests.conftest.BrokerProc with `--management-port` set to a free port; `start()` also
     waits for the management listener's line."""
@@ -57,20 +78,8 @@ class MgmtBroker(BrokerProc):
             password: str = "guest", headers: dict[str, str] | None = None
             ) -> tuple[int, Any]:
         """(status, decoded JSON or None) of one request; HTTP errors are returned, not raised."""
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.http + path, data=data, method=method)
-        token = base64.b64encode(f"{user}:{password}".encode()).decode()
-        req.add_header("Authorization", f"Basic {token}")
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        for k, v in (headers or {}).items():
-            req.add_header(k, v)
-        try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                status, raw = resp.status, resp.read()
-        except urllib.error.HTTPError as exc:
-            status, raw = exc.code, exc.read()
-        return status, (json.loads(raw) if raw.strip() else None)
+        return api_request(self.http, method, path, body, user=user, password=password,
+                           headers=headers)
 
     def get(self, path: str, **kw: Any) -> Any:
         status, body = self.api("GET", path, **kw)
