@@ -73,6 +73,7 @@ class EtcdCluster:
         self.revision = 0  # the last etcd revision applied
         self.etcd_ok = True
         self._tasks: list[asyncio.Task[None]] = []
+        self._restarting = False  # sync(): taking the cluster's state after our own restore
         self._card_task: asyncio.Task[None] | None = None
 
     # -- life cycle -------------------------------------------------------------------------
@@ -104,6 +105,7 @@ class EtcdCluster:
     async def sync(self) -> None:
         """After the node restored what it kept on disk: take the cluster's definitions (or
         bring ours, when the cluster has none yet), then follow its changes."""
+        self._restarting = True
         try:
             kvs, _ = await self.etcd.get_prefix(self.metadata.prefix)
             if not kvs:
@@ -114,6 +116,7 @@ class EtcdCluster:
                         error=str(exc))
             self._etcd_reachable(False)
             self.metadata.writable = False
+        self._restarting = False
         self.metadata.started()
         self._tasks.append(asyncio.get_running_loop().create_task(self._watch(),
                                                                   name="cluster:watch"))
@@ -274,6 +277,11 @@ class EtcdCluster:
         existing = vhost.queues.get(name)
         if record["node"] == self.node.name:
             if isinstance(existing, AMQQueue):
+                return
+            if self._restarting and (record["exclusive"] or not record["durable"]):
+                # ours from before a restart: an exclusive queue's connection is gone, and a
+                # non-durable queue does not outlive its node (RabbitMQ deletes both)
+                self.metadata.forget_queue(vhost.name, name)
                 return
             q = AMQQueue(vhost, name, durable=record["durable"],
                          auto_delete=record["auto_delete"],

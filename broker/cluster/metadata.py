@@ -46,6 +46,11 @@ class MetadataUnavailable(ChannelError):
         )
 
 
+class _Named:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
 def _dumps(record: dict[str, Any]) -> str:
     return json.dumps(record, sort_keys=True, separators=(",", ":"))
 
@@ -63,6 +68,7 @@ class ClusterMetadata:
         self._writer: asyncio.Task[None] | None = None
         self._claimed: dict[str, str] = {}  # key -> value we already wrote by a claim
         self._own: dict[str, int] = {}  # key -> revision of our last write to it
+        self._claiming: dict[str, list[tuple[KeyValue, bool]]] = {}  # events held back
         self.writable = True  # False while etcd refuses or cannot be reached
 
     # -- local changes -> etcd --------------------------------------------------------------
@@ -97,6 +103,13 @@ class ClusterMetadata:
         else:
             self._pending.append(Etcd.op_delete(key))
             self._pending.extend(self._cascade(family.name, vhost, obj))
+        self._schedule()
+
+    def forget_queue(self, vhost: str, name: str) -> None:
+        """Delete a queue's record (and its bindings') that no node will create again."""
+        key = self.prefix + record_key("queues", (vhost, name))
+        self._pending.append(Etcd.op_delete(key))
+        self._pending.extend(self._cascade("queues", vhost, _Named(name)))
         self._schedule()
 
     def _cascade(self, family: str, vhost: str | None, obj: Any) -> list[dict[str, Any]]:
@@ -171,26 +184,36 @@ class ClusterMetadata:
         (applied here before returning)."""
         key = self.prefix + record_key(family, parts)
         value = _dumps(record)
+        # the watch may bring this key's event before the answer: it waits for the claim
+        self._claiming[key] = []
         try:
-            result = await self.etcd.txn([Etcd.absent(key)], [Etcd.op_put(key, value)],
-                                         [Etcd.op_get(key)])
-        except EtcdUnavailable as exc:
-            self.writable = False
-            raise MetadataUnavailable() from exc
-        self.writable = True
-        if result.succeeded:
-            self._claimed[key] = value
-            self._own[key] = result.revision
-            return None
-        if not result.kvs:
-            return None  # deleted meanwhile: ours is as good as any
-        winner: dict[str, Any] = json.loads(result.kvs[0].value)
-        with self.quiet():
-            BY_NAME[family].apply(self.node, parts, winner)
-        return winner
+            try:
+                result = await self.etcd.txn([Etcd.absent(key)], [Etcd.op_put(key, value)],
+                                             [Etcd.op_get(key)])
+            except EtcdUnavailable as exc:
+                self.writable = False
+                raise MetadataUnavailable() from exc
+            self.writable = True
+            if result.succeeded:
+                self._claimed[key] = value
+                self._own[key] = result.revision
+                return None
+            if not result.kvs:
+                return None  # deleted meanwhile: ours is as good as any
+            winner: dict[str, Any] = json.loads(result.kvs[0].value)
+            with self.quiet():
+                BY_NAME[family].apply(self.node, parts, winner)
+            return winner
+        finally:
+            for kv, deleted in self._claiming.pop(key, []):
+                self.apply_event(kv, deleted)
 
     # -- etcd -> local state ----------------------------------------------------------------
     def apply_event(self, kv: KeyValue, deleted: bool) -> None:
+        waiting = self._claiming.get(kv.key)
+        if waiting is not None:
+            waiting.append((kv, deleted))
+            return
         if not deleted and self._own.get(kv.key) == kv.mod_revision:
             return  # our own write, applied when we made it
         family_name, parts = key_parts(kv.key[len(self.prefix):])

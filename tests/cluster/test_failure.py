@@ -38,9 +38,14 @@ def links_up(node: ClusterNode) -> bool:
 async def test_kill_home_node_then_restart(pair: tuple[ClusterNode, ClusterNode]) -> None:
     a, b = pair
     cb = await aio_pika.connect(b.url)
-    dq = await (await cb.channel()).declare_queue("dq", durable=True)
+    chb = await cb.channel()
+    dq = await chb.declare_queue("dq", durable=True)
     await dq.bind("amq.fanout")
+    await chb.declare_queue("tq", durable=False)  # goes with its node
+    await chb.declare_queue("xq", exclusive=True)  # goes with its connection's node
     await cb.close()
+    cb = await aio_pika.connect(b.url)
+    await (await cb.channel()).declare_queue("xq2", exclusive=True)  # b is killed holding it
     wait_for(lambda: a.api("GET", "/api/queues/%2F/dq")[0] == 200, what="dq on a")
 
     ca = await aio_pika.connect(a.url)
@@ -52,6 +57,9 @@ async def test_kill_home_node_then_restart(pair: tuple[ClusterNode, ClusterNode]
         routing_key="dq") for i in range(n)])  # all confirmed: on b's disk
 
     b.kill()
+    # b's exclusive queue goes once b is down for the cluster (its lease expired)
+    wait_for(lambda: a.api("GET", "/api/queues/%2F/xq2")[0] == 404, timeout=15,
+             what="xq2 dropped")
     # a's own queues go on
     await pub.default_exchange.publish(aio_pika.Message(b"still"), routing_key="aq")
     assert (await local.get()).body == b"still"
@@ -89,6 +97,9 @@ async def test_kill_home_node_then_restart(pair: tuple[ClusterNode, ClusterNode]
     wait_for(lambda: links_up(a) and a.get("/api/queues/%2F/dq")["state"] == "running",
              what="b back")
     assert b.get("/api/queues/%2F/dq")["messages"] == n
+    # its non-durable queue did not survive its restart, anywhere
+    wait_for(lambda: all(x.api("GET", "/api/queues/%2F/tq")[0] == 404 for x in (a, b)),
+             what="tq gone")
     ch = await ca.channel()
     q = await ch.get_queue("dq", ensure=False)
     bodies = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import socket
 import urllib.request
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from .helpers import ETCD, wait_for
 
 def test_dev_cluster_starts_two_joined_nodes(tmp_path: Path) -> None:
     assert Path(ETCD).exists()
-    base = random.randrange(21000, 30000)
+    base = _free_base()
     cluster = DevCluster(tmp_path, 2, base, extra=["--log-level", "warning"])
     cluster.start()
     try:
@@ -24,8 +25,25 @@ def test_dev_cluster_starts_two_joined_nodes(tmp_path: Path) -> None:
             with urllib.request.urlopen(req, timeout=5) as resp:
                 return [(n["name"], n["running"]) for n in json.loads(resp.read())]
 
-        wait_for(lambda: nodes() == [("hare-1", True), ("hare-2", True)], what="both nodes")
+        wait_for(lambda: nodes() == [("hare-1", True), ("hare-2", True)], timeout=30,
+                 what="both nodes")
         assert cluster.amqp_url(1).endswith(f":{base + 1}/")
     finally:
         cluster.stop()
     assert cluster.nodes == [] and cluster.etcd is None
+
+
+def _free_base() -> int:
+    """A base port whose etcd, AMQP, management and link ports are all free now."""
+    for _ in range(50):
+        base = random.randrange(21000, 30000)
+        ports = [base - 2, base - 1, base, base + 1, 10000 + base, 10001 + base,
+                 20000 + base, 20001 + base]
+        try:
+            for port in ports:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port range")
