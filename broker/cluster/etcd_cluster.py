@@ -270,6 +270,11 @@ class EtcdCluster:
     async def commit(self) -> None:
         await self.metadata.commit()
 
+    async def counts(self, queue: Any) -> tuple[int, int]:
+        if isinstance(queue, RemoteQueue):
+            return await queue.counts()
+        return queue.message_count, queue.consumer_count
+
     def place_queue(self, vhost: VHost, record: dict[str, Any]) -> None:
         """A queue of the cluster's, as this node holds it: the queue itself when it is
         homed here, else a RemoteQueue that forwards to its home node."""

@@ -71,6 +71,9 @@ class Cluster(Protocol):
     async def commit(self) -> None:
         """After a metadata change: return once the cluster has it."""
 
+    async def counts(self, queue: Any) -> tuple[int, int]:
+        """(messages, consumers) of a queue as its home node has them (declare-ok)."""
+
 
 class LocalCluster:
     """One node: the cluster is its name and itself."""
@@ -116,6 +119,9 @@ class LocalCluster:
 
     async def commit(self) -> None:
         pass
+
+    async def counts(self, queue: Any) -> tuple[int, int]:
+        return queue.message_count, queue.consumer_count
 
 
 def self_card(node: Node, started_ms: int) -> dict[str, Any]:

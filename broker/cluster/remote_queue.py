@@ -156,6 +156,11 @@ class RemoteQueue:
                       base64.b64decode(reply["body"]))
         return (reply["seq"], msg, reply["redelivered"], 0.0), reply["remaining"]
 
+    async def counts(self) -> tuple[int, int]:
+        """(messages, consumers) as the home node has them (its consumers and ours)."""
+        reply = await self._call({"op": "count"})
+        return int(reply.get("messages", 0)), int(reply.get("consumers", 0))
+
     async def purge(self) -> int:
         return int((await self._call({"op": "purge"})).get("count", 0))
 

@@ -466,9 +466,10 @@ class Channel:
         await self.cluster.commit()
         self.last_queue = q.name
         if not m.nowait:
+            messages, consumers = await self.cluster.counts(q)  # the home node's, in a cluster
             self._send(
                 commands.Queue.DeclareOk(
-                    queue=q.name, message_count=q.message_count, consumer_count=q.consumer_count
+                    queue=q.name, message_count=messages, consumer_count=consumers
                 )
             )
 

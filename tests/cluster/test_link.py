@@ -51,6 +51,11 @@ async def test_publish_on_a_home_b_consume_on_c(trio: tuple[ClusterNode, ...]) -
         for i in range(n)])
     assert all(isinstance(x, Basic.Ack) for x in confirms)
     assert b.get("/api/queues/%2F/fw")["messages"] == n  # the home node has them all
+    # a passive declare on another node counts what the home node holds
+    probe = await aio_pika.connect(c.url)
+    declared = await (await probe.channel()).declare_queue("fw", passive=True)
+    assert declared.declaration_result.message_count == n
+    await probe.close()
 
     cc = await aio_pika.connect(c.url)
     ch = await cc.channel()
