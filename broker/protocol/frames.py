@@ -119,6 +119,12 @@ def decode_method(payload: bytes) -> base.Frame:
         raise ConnectionError_(
             FRAME_ERROR, f"cannot decode {cls.name}: {exc}", (index >> 16, index & 0xFFFF)
         ) from exc
+    except RecursionError:  # pamqp decodes tables recursively: arguments some 400 levels deep
+        raise ConnectionError_(
+            FRAME_ERROR,
+            f"cannot decode {cls.name}: field tables nested too deep",
+            (index >> 16, index & 0xFFFF),
+        ) from None
     return method
 
 

@@ -122,6 +122,20 @@ def test_the_14000_deep_table_of_the_report_is_refused_and_nothing_is_lost(broke
     c.close()
 
 
+def test_method_arguments_nested_too_deep_are_a_frame_error(broker):
+    """queue.declare arguments 3,000 tables deep: 501 'cannot decode', not a 541 with a
+    RecursionError traceback in the log."""
+    c = RawClient(broker.port)
+    c.handshake()
+    c.open_channel(1)
+    table = raw_nested_headers(3000)[2:]
+    c.send(raw_frame(1, 1, struct.pack(">HHH", 50, 10, 0) + b"\x05deepq\x00" + table))
+    close = c.expect(commands.Connection.Close, 0)
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
+        501, "FRAME_ERROR - cannot decode Queue.Declare: field tables nested too deep", 50, 10)
+    c.close()
+
+
 def test_malformed_property_block_is_502(broker):
     c = RawClient(broker.port)
     c.handshake()
