@@ -831,10 +831,13 @@ class Channel:
         if self.confirm:
             self.publish_seq += 1
             seq = self.publish_seq
-        if self.tx:
+        if self.tx:  # held until commit: the raw block only, as a queue keeps it
+            msg.decoded = None
             self._tx_publishes.append((ex, msg, mandatory))
             return
         self._route(ex, msg, mandatory, seq)
+        if flagged:  # only such a block is ever decoded (a 128 KiB table decodes to MiB)
+            msg.decoded = None
 
     def _check_topic_keys(self, msg: Message) -> None:
         """Write on every routing key the message will be routed by: its own and, as
@@ -928,8 +931,6 @@ class Channel:
         # raw-bytes test first: decoding every message's headers to look for BCC is not free
         if may_have_cc(msg.props) and "BCC" in msg.headers:
             msg = msg.with_props(rewrite_properties(msg.props, drop_headers=("BCC",)))
-        elif msg.decoded is not None:
-            msg.decoded = None  # queues keep the raw block only
         batch = self._batch
         n = 0
         for q in queues:
@@ -1054,6 +1055,7 @@ class Channel:
         publishes, self._tx_publishes = self._tx_publishes, []
         for ex, msg, mandatory in publishes:
             self._route(ex, msg, mandatory, 0)
+            msg.decoded = None  # queues keep the raw block only
         acks, self._tx_acks = self._tx_acks, []
         for action, tag, multiple, requeue in acks:
             if multiple or tag in self.unacked:

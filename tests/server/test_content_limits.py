@@ -283,6 +283,36 @@ def test_huge_headers_tables_are_queued_raw_not_decoded(broker_factory):
     c.close()
 
 
+def test_huge_headers_tables_held_in_a_transaction_are_kept_raw(broker_factory):
+    """An expiration makes the channel decode the block at publish; a transaction holds the
+    publish until commit, and what it holds is the raw block, as a queue keeps it."""
+    b = broker_factory().start()
+    c = RawClient(b.port, timeout=30)
+    c.handshake()
+    c.open_channel(1)
+    c.send_method(1, commands.Queue.Declare(queue="huge-tx"))
+    c.expect(commands.Queue.DeclareOk, 1)
+    c.send_method(1, commands.Tx.Select())
+    c.expect(commands.Tx.SelectOk, 1)
+    fields = b"".join(b"\x06f%05dt\x01" % i for i in range(13000))  # 117 KiB, 13,000 fields
+    props = b"\x21\x00" + struct.pack(">I", len(fields)) + fields + b"\x0560000"
+    before = _rss(b.pid)
+    n = 150
+    for _ in range(n):
+        c.send_method(1, commands.Basic.Publish(exchange="", routing_key="huge-tx"))
+        c.send(raw_frame(2, 1, struct.pack(">HHQ", 60, 0, 1) + props) + raw_frame(3, 1, b"x"))
+    c.send_method(1, commands.Queue.Declare(queue="huge-tx", passive=True))
+    assert c.expect(commands.Queue.DeclareOk, 1, timeout=60).message_count == 0
+    grown = _rss(b.pid) - before
+    # raw: 150 x 117 KiB = 17 MiB; held decoded it was ~1.6 MiB a message, 240 MiB
+    assert grown < 64 * 1024 * 1024, grown >> 20
+    c.send_method(1, commands.Tx.Commit())
+    c.expect(commands.Tx.CommitOk, 1, timeout=60)
+    c.send_method(1, commands.Queue.Declare(queue="huge-tx", passive=True))
+    assert c.expect(commands.Queue.DeclareOk, 1).message_count == n
+    c.close()
+
+
 # -- thousands of channels, each with a half-sent message ---------------------------------------
 def test_thousands_of_channels_each_with_a_half_sent_message(broker_factory):
     """2,000 channels (channel_max 2047) each announce 1 MiB and send 64 KiB of it: 125 MiB
