@@ -366,6 +366,56 @@ def test_consumer_max_per_channel_is_530_as_rabbitmq(broker_factory):
     c.close()
 
 
+# -- thousands of bindings and consumers -------------------------------------------------------
+def test_thousands_of_bindings_and_consumers_are_counted_and_the_alarm_holds(broker_factory):
+    """No limit by default, as RabbitMQ: what bounds them is that their memory is in what the
+    monitor samples, so the alarm rises and blocks publishers while a client keeps binding."""
+    idle = broker_factory(name="idle").start()
+    time.sleep(0.5)
+    watermark = (_rss(idle.pid) >> 20) + 8  # MiB: 30,000 bindings take ~16 MiB more
+    idle.kill()
+    b = broker_factory(args=["--vm-memory-high-watermark", f"{watermark}MiB",
+                             "--memory-monitor-interval-s", "0.05"]).start()
+    publisher = RawClient(b.port)
+    publisher.handshake()  # announces connection.blocked
+    publisher.open_channel(1)
+    publisher.send_method(1, commands.Basic.Publish(exchange="", routing_key="nowhere"))
+    publisher.send_content(1, b"x")  # a publisher is blocked, not one that never published
+    c = RawClient(b.port, timeout=30)
+    c.handshake()
+    c.open_channel(1)
+    c.send_method(1, commands.Queue.Declare(queue="many"))
+    c.expect(commands.Queue.DeclareOk, 1)
+    with pytest.raises(TimeoutError):
+        publisher.recv_frame(timeout=0.5)  # below the watermark: nothing
+    before = _rss(b.pid)
+    n = 30000
+    c.send(b"".join(wire_method(1, commands.Queue.Bind(queue="many", exchange="amq.direct",
+                                                       routing_key=f"k{i}")) for i in range(n)))
+    _expect_n(c, commands.Queue.BindOk, n)
+    bound = _rss(b.pid)
+    assert (bound - before) / n < 2048, (bound - before) / n  # measured ~550 bytes
+    m = 5000
+    c.send(b"".join(wire_method(1, commands.Basic.Consume(queue="many", consumer_tag=f"c{i}"))
+                    for i in range(m)))
+    _expect_n(c, commands.Basic.ConsumeOk, m)
+    assert (_rss(b.pid) - bound) / m < 2048, (_rss(b.pid) - bound) / m  # measured ~130 bytes
+    blocked = publisher.expect(commands.Connection.Blocked, 0)
+    assert blocked.reason == "low on memory"
+    publisher.close()
+    c.close()
+
+
+def _expect_n(c: RawClient, cls: type, n: int) -> None:
+    """n replies of cls; connection.blocked may come in between (the alarm rising)."""
+    while n:
+        got = c.recv_frame(timeout=30)
+        assert got is not None
+        if not isinstance(got[1], commands.Connection.Blocked):
+            assert isinstance(got[1], cls), got[1]
+            n -= 1
+
+
 # -- handshakes never finished ------------------------------------------------------------------
 def test_half_open_connections_cost_little_and_are_dropped(broker_factory):
     b = broker_factory(args=["--handshake-timeout-s", "1"]).start()
