@@ -177,6 +177,19 @@ def test_table_at_the_limit_through_ttl_headers_exchange_and_management(tmp_path
         _, props, body = ch.basic_get("deep-dst", auto_ack=True)
         assert body == b"payload" and props.headers["nest"] == nest
         assert props.expiration is None  # an expired message must not expire again
+        # CC routes a copy, BCC routes one and is rewritten out of the block
+        for q in ("deep-cc", "deep-bcc"):
+            ch.queue_declare(q)
+        ch.basic_publish("", "deep-nowhere", b"cc", pika.BasicProperties(
+            headers={"nest": nest, "CC": ["deep-cc"], "BCC": ["deep-bcc"]}))
+        deadline = time.monotonic() + 10
+        for q in ("deep-cc", "deep-bcc"):
+            while ch.queue_declare(q, passive=True).method.message_count < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            _, props, body = ch.basic_get(q, auto_ack=True)
+            assert body == b"cc" and props.headers["nest"] == nest
+            assert props.headers["CC"] == ["deep-cc"] and "BCC" not in props.headers
         conn.close()
     finally:
         b.stop()
