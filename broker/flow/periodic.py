@@ -13,7 +13,8 @@ _log = structlog.get_logger("broker.flow")
 
 
 class PeriodicCheck:
-    """Subclasses implement `check()` (synchronous: sample, compare, raise or clear).
+    """Subclasses implement `check()` (synchronous: sample, compare, raise or clear), and
+    `tick()` when sampling may block and must leave the event loop.
     The owner either awaits `run()` in its own TaskGroup or uses `start()`/`stop()`."""
 
     interval: float
@@ -22,10 +23,13 @@ class PeriodicCheck:
     def check(self) -> None:
         raise NotImplementedError
 
+    async def tick(self) -> None:
+        self.check()
+
     async def run(self) -> None:
         while True:
             try:
-                self.check()
+                await self.tick()
             except Exception:  # a failed sample (say /proc unreadable) must not end monitoring
                 _log.exception("monitor check failed", monitor=type(self).__name__)
             await asyncio.sleep(self.interval)

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from broker.server.reader import Reader
     from broker.vhost import VHost
 
-__all__ = ["add_routes", "free_disk_bytes", "opened_connections", "vhost_of"]
+__all__ = ["add_routes", "opened_connections", "vhost_of"]
 
 _STARTED = time.time()
 DEFAULT_EXCHANGE_ALIAS = "amq.default"  # the default exchange's name in URLs
@@ -98,14 +98,6 @@ def _sort(request: web.Request, items: list[dict[str, Any]]) -> list[dict[str, A
         reverse = _bool(request, "sort_reverse")
         items.sort(key=lambda d: (d.get(key) is None, d.get(key, "")), reverse=reverse)
     return items
-
-
-def free_disk_bytes(node: Node) -> int | None:
-    try:
-        st = os.statvfs(node.settings.data_dir)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
 
 
 # -- overview and nodes -------------------------------------------------------------------------
@@ -196,11 +188,11 @@ def node_json(node: Node) -> dict[str, Any]:
     }
     if monitor is not None and hasattr(monitor, "limit"):
         out["mem_limit"] = int(monitor.limit)
-    free = free_disk_bytes(node)
-    if free is not None:
-        out["disk_free"] = free
     disk = getattr(node, "disk_monitor", None)
     if disk is not None and hasattr(disk, "limit"):
+        # the monitor's last sample: a statvfs here would block the loop on a hung file system
+        if disk.free >= 0:
+            out["disk_free"] = disk.free
         out["disk_free_limit"] = int(disk.limit)
     return out
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from pathlib import Path
 
 from broker.flow.alarm import DISK, Alarms
@@ -29,3 +31,32 @@ def test_default_limit_and_real_free_space(tmp_path: Path) -> None:
     huge = DiskMonitor(alarms, tmp_path, limit=1 << 62)
     huge.check()
     assert alarms.is_active(DISK)
+
+
+async def test_a_hung_sample_does_not_stop_the_event_loop(tmp_path: Path) -> None:
+    """A statvfs that hangs (a network file system whose server is gone) blocks a worker
+    thread, not the loop that serves every connection."""
+    entered, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def hung_statvfs() -> int:
+        entered.set()
+        release.wait(5)  # bounded, so a regression fails instead of hanging the suite
+        done.set()
+        return 1_000
+
+    alarms = Alarms()
+    mon = DiskMonitor(alarms, tmp_path, limit=2_000, interval=0.01, sample_free=hung_statvfs)
+    mon.start()
+    try:
+        while not entered.is_set():
+            await asyncio.sleep(0.005)
+        # this coroutine runs while the sample is still blocked: the loop was not
+        assert not done.is_set()
+        assert mon.free == -1 and not alarms.active()
+        release.set()
+        while mon.free == -1:
+            await asyncio.sleep(0.005)
+        assert mon.free == 1_000 and alarms.is_active(DISK)
+    finally:
+        release.set()
+        await mon.stop()

@@ -45,6 +45,9 @@ class RssSampler(threading.Thread):
             time.sleep(0.2)
 
 
+# about 60 s on a quiet 2-core machine, several times that when other work shares the cores:
+# the suite's 120 s default would fail it for the machine's load, not for what it checks
+@pytest.mark.timeout(600)
 def test_two_million_messages_stay_under_the_watermark_and_come_back_in_order(broker_factory):
     b = broker_factory(args=["--vm-memory-high-watermark", f"{WATERMARK_MB}MiB"]).start()
     sampler = RssSampler(b.pid)
