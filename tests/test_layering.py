@@ -1,0 +1,75 @@
+"""The one-way layering of broker/: every import that runs (not the ones under TYPE_CHECKING)
+goes from a higher layer to a strictly lower one. A new package gets a rank here, which is
+where its place in the design is decided."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+BROKER = Path(__file__).resolve().parent.parent / "broker"
+
+# lower number = lower layer; a module may import only from layers below its own
+RANK = {
+    # the bottom: wire format, settings, logging
+    "protocol": 0, "config": 0, "logs": 0,
+    "message": 1, "access": 1,
+    # routing, stores, flow control
+    "routing": 2, "store": 2, "flow": 2,
+    "queue": 3,
+    "server": 4, "policy": 4,
+    "cluster": 5, "durable": 5, "mgmt": 5,
+    "vhost_params": 6,
+    "vhost": 7, "ctl_client": 7,
+    # on top: the node, its entry points, tools and connectors outside the broker
+    "node": 8, "spark": 8, "ctl_access": 8, "ctl_policy": 8,
+    "cli": 9, "ctl": 9, "perf": 9, "__main__": 10,
+}
+
+
+def _package(path: Path) -> str:
+    rel = path.relative_to(BROKER).with_suffix("")
+    return rel.parts[0]
+
+
+def _runtime_imports(tree: ast.Module) -> list[tuple[int, str]]:
+    typing_only: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            typing_only.update(id(n) for n in ast.walk(node))
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        out += [(node.lineno, n) for n in names if n.startswith("broker.")]
+    return out
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in BROKER.rglob("*.py") if p.name != "__init__.py" or p.parent != BROKER)
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(BROKER)))
+def test_imports_go_down_the_layers(path: Path) -> None:
+    source = _package(path)
+    assert source in RANK, f"broker/{source} has no layer: give it a rank in {__file__}"
+    upward = [
+        f"line {line}: {name} (layer {RANK.get(name.split('.')[1])} >= {RANK[source]})"
+        for line, name in _runtime_imports(ast.parse(path.read_text()))
+        if name.split(".")[1] != source and RANK.get(name.split(".")[1], 99) >= RANK[source]
+    ]
+    assert not upward, f"broker/{source} imports upward or sideways at run time: {upward}"
+
+
+def test_an_upward_import_is_caught() -> None:
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                     "    from broker.node import Node\nfrom broker.server.reader import X\n")
+    assert _runtime_imports(tree) == [(4, "broker.server.reader")]
