@@ -1,7 +1,11 @@
-"""The options of the "amqp" source and sink: parsed once, checked, named in every error.
+"""The options of Hare's three Spark data sources (the "amqp" source and sink, "hare-store"):
+one parser, one rule, errors that name the option.
 
-Spark hands options over as a case-insensitive map of strings; each error names the option as
-the user spells it (``maxMessagesPerBatch``), so a typo is found without reading code.
+Spark hands options over as a case-insensitive map of strings. Each error names the option as
+the user spells it in the docs (``maxMessagesPerBatch``), and an option a source does not take
+is an error too, so a typo fails the query instead of running it with a default. The keys that
+Spark itself adds to a source's options (a streaming write's ``checkpointLocation`` and
+``queryName``) pass.
 """
 
 from __future__ import annotations
@@ -9,54 +13,70 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["MAX_PREFETCH", "OptionError", "SinkOptions", "SourceOptions"]
+__all__ = ["MAX_PREFETCH", "OptionError", "SinkOptions", "SourceOptions", "StoreOptions"]
 
 # basic.qos prefetch-count is a 16-bit field.
 MAX_PREFETCH = 65535
 
+# Keys Spark puts among a data source's options itself (lower case, as Spark hands them over).
+_SPARK_KEYS = frozenset({"checkpointlocation", "queryname"})
+
 
 class OptionError(ValueError):
-    """A missing or bad option of the "amqp" data source; the message names the option."""
+    """A missing, bad or unknown option of one of Hare's data sources; the message names it."""
 
 
-def _lower(options: Mapping[str, str]) -> dict[str, str]:
-    return {key.lower(): value for key, value in options.items()}
+class _Options:
+    """The options given to `role` (e.g. "amqp source"), which takes the names in `takes`:
+    refuses the others by name on construction, then reads and checks one option at a time."""
 
+    def __init__(self, role: str, options: Mapping[str, str], takes: tuple[str, ...]) -> None:
+        self.role = role
+        self._values = {key.lower(): value for key, value in options.items()}
+        known = {name.lower() for name in takes} | _SPARK_KEYS
+        unknown = sorted(key for key in options if key.lower() not in known)
+        if unknown:
+            names = ", ".join(f"'{key}'" for key in unknown)
+            raise OptionError(f"{role}: unknown option {names}; it takes {', '.join(takes)}")
 
-def _url(opts: dict[str, str], role: str) -> str:
-    url = opts.get("url", "").strip()
-    if not url:
-        raise OptionError(f"amqp {role}: option 'url' is required "
-                          "(e.g. amqp://guest:guest@localhost:5672/)")
-    if not url.startswith(("amqp://", "amqps://")):
-        raise OptionError(f"amqp {role}: option 'url' must start with amqp:// or amqps://, "
-                          f"got {url!r}")
-    return url
+    def error(self, message: str) -> OptionError:
+        return OptionError(f"{self.role}: {message}")
 
+    def text(self, name: str, default: str | None = None) -> str | None:
+        return self._values.get(name.lower(), default)
 
-def _int(opts: dict[str, str], name: str, default: int, low: int, high: int, role: str) -> int:
-    raw = opts.get(name.lower())
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise OptionError(f"amqp {role}: option '{name}' must be an integer, got {raw!r}") from None
-    if not low <= value <= high:
-        raise OptionError(f"amqp {role}: option '{name}' must be between {low} and {high}, "
-                          f"got {value}")
-    return value
+    def required(self, name: str, hint: str = "") -> str:
+        value = (self._values.get(name.lower()) or "").strip()
+        if not value:
+            raise self.error(f"option '{name}' is required{hint}")
+        return value
 
+    def url(self) -> str:
+        url = self.required("url", " (e.g. amqp://guest:guest@localhost:5672/)")
+        if not url.startswith(("amqp://", "amqps://")):
+            raise self.error(f"option 'url' must start with amqp:// or amqps://, got {url!r}")
+        return url
 
-def _bool(opts: dict[str, str], name: str, default: bool, role: str) -> bool:
-    raw = opts.get(name.lower())
-    if raw is None:
-        return default
-    if raw.lower() in ("true", "1", "yes"):
-        return True
-    if raw.lower() in ("false", "0", "no"):
-        return False
-    raise OptionError(f"amqp {role}: option '{name}' must be true or false, got {raw!r}")
+    def integer(self, name: str, default: int, low: int, high: int) -> int:
+        raw = self._values.get(name.lower())
+        if raw is None:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise self.error(f"option '{name}' must be an integer, got {raw!r}") from None
+        if not low <= value <= high:
+            raise self.error(f"option '{name}' must be between {low} and {high}, got {value}")
+        return value
+
+    def boolean(self, name: str, default: bool) -> bool:
+        raw = self._values.get(name.lower())
+        if raw is None:
+            return default
+        value = raw.strip().lower()
+        if value not in ("true", "false"):
+            raise self.error(f"option '{name}' must be true or false, got {raw!r}")
+        return value == "true"
 
 
 @dataclass(frozen=True)
@@ -69,22 +89,21 @@ class SourceOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
-        opts = _lower(options)
-        url = _url(opts, "source")
-        queue = opts.get("queue", "")
-        if not queue:
-            raise OptionError("amqp source: option 'queue' is required")
-        batch = _int(opts, "maxMessagesPerBatch", cls.max_messages_per_batch, 1,
-                     MAX_PREFETCH // 2, "source")
+        opts = _Options("amqp source", options,
+                        ("url", "queue", "maxMessagesPerBatch", "prefetch", "pollTimeoutMs"))
+        url = opts.url()
+        queue = opts.required("queue")
+        batch = opts.integer("maxMessagesPerBatch", cls.max_messages_per_batch, 1,
+                             MAX_PREFETCH // 2)
         # A batch stays unacked until Spark has committed it, and the next batch is read while
         # it runs: the channel must be allowed two batches in flight.
-        prefetch = _int(opts, "prefetch", min(2 * batch, MAX_PREFETCH), 1, MAX_PREFETCH, "source")
+        prefetch = opts.integer("prefetch", min(2 * batch, MAX_PREFETCH), 1, MAX_PREFETCH)
         if prefetch < 2 * batch:
-            raise OptionError(
-                f"amqp source: option 'prefetch' ({prefetch}) must be at least 2 x "
-                f"maxMessagesPerBatch ({2 * batch}): a batch's messages stay unacked until "
-                "Spark commits it, while the next batch is being read")
-        poll = _int(opts, "pollTimeoutMs", cls.poll_timeout_ms, 0, 3_600_000, "source")
+            raise opts.error(
+                f"option 'prefetch' ({prefetch}) must be at least 2 x maxMessagesPerBatch "
+                f"({2 * batch}): a batch's messages stay unacked until Spark commits it, "
+                "while the next batch is being read")
+        poll = opts.integer("pollTimeoutMs", cls.poll_timeout_ms, 0, 3_600_000)
         return cls(url, queue, batch, prefetch, poll)
 
 
@@ -99,12 +118,25 @@ class SinkOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
-        opts = _lower(options)
+        opts = _Options("amqp sink", options, ("url", "exchange", "routingKey", "maxInFlight",
+                                               "mandatory", "persistent"))
         return cls(
-            url=_url(opts, "sink"),
-            exchange=opts.get("exchange"),
-            routing_key=opts.get("routingkey", ""),
-            max_in_flight=_int(opts, "maxInFlight", cls.max_in_flight, 1, 1_000_000, "sink"),
-            mandatory=_bool(opts, "mandatory", cls.mandatory, "sink"),
-            persistent=_bool(opts, "persistent", cls.persistent, "sink"),
+            url=opts.url(),
+            exchange=opts.text("exchange"),
+            routing_key=opts.text("routingKey") or "",
+            max_in_flight=opts.integer("maxInFlight", cls.max_in_flight, 1, 1_000_000),
+            mandatory=opts.boolean("mandatory", cls.mandatory),
+            persistent=opts.boolean("persistent", cls.persistent),
         )
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    data_dir: str
+    allow_live: bool = False
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> StoreOptions:
+        opts = _Options("hare-store", options, ("path", "allowLive"))
+        return cls(opts.required("path", ': the data directory, .load("DATA_DIR")'),
+                   opts.boolean("allowLive", cls.allow_live))

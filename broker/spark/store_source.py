@@ -43,6 +43,7 @@ from pyspark.sql.types import (
 
 from broker.message import Message
 from broker.spark.columns import header_strings
+from broker.spark.options import StoreOptions
 from broker.store import layout
 from broker.store.definitions import Definitions, DefinitionsCorrupt
 from broker.store.msg_store_files import Damage, StoreView, read_store
@@ -84,11 +85,10 @@ _PROPS = ("content_type", "content_encoding", "headers", "delivery_mode", "prior
           "message_type", "user_id", "app_id")  # pamqp's names, in column order
 _BATCH_ROWS = 4096
 _BATCH_BYTES = 32 << 20  # bodies per Arrow batch: a batch of 10 MB messages stays bounded
-_OPTIONS = {"path", "allowlive"}
 
 
 class HareStoreError(ValueError):
-    """The directory cannot be read as asked (live broker, not a Hare directory, bad option)."""
+    """The directory cannot be read as asked (live broker, not a Hare directory)."""
 
 
 class HareStoreDataSource(DataSource):
@@ -107,16 +107,9 @@ class HareStoreDataSource(DataSource):
 
 class _StoreReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str]) -> None:
-        unknown = sorted(k for k in options if k.lower() not in _OPTIONS)
-        if unknown:
-            raise HareStoreError(f"hare-store: unknown option(s) {', '.join(unknown)} "
-                                 "(known: path, allowLive)")
-        path = options.get("path")
-        if not path:
-            raise HareStoreError('hare-store: no data directory given: .load("DATA_DIR") '
-                                 "(option path)")
-        self.data_dir = Path(path)
-        self.allow_live = _bool_option(options, "allowLive")
+        opts = StoreOptions.parse(options)
+        self.data_dir = Path(opts.data_dir)
+        self.allow_live = opts.allow_live
 
     def partitions(self) -> list[InputPartition]:
         return plan(self.data_dir, self.allow_live)
@@ -131,13 +124,6 @@ class _StoreReader(DataSourceReader):
         if isinstance(partition, _SegmentPartition):
             yield from _read_segment(self.data_dir, partition)
         # else: no partitions planned, and Spark reads one empty partition of its own
-
-
-def _bool_option(options: Mapping[str, str], name: str) -> bool:
-    value = str(options.get(name, "false")).strip().lower()
-    if value not in ("true", "false"):
-        raise HareStoreError(f"hare-store: option {name} must be true or false, not {value!r}")
-    return value == "true"
 
 
 # -- planning (driver) ---------------------------------------------------------------------------

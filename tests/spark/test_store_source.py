@@ -303,9 +303,9 @@ async def test_a_running_brokers_directory_is_refused_unless_allow_live(spark, t
 
 
 def test_bad_options_and_directories_are_clear_errors(spark, tmp_path) -> None:
-    with pytest.raises(Exception, match="allowLive must be true or false"):
+    with pytest.raises(Exception, match="hare-store: option 'allowLive' must be true or false"):
         read(spark, tmp_path, allowLive="yes").collect()
-    with pytest.raises(Exception, match="unknown option"):
+    with pytest.raises(Exception, match="hare-store: unknown option 'queue'"):
         read(spark, tmp_path, queue="q").collect()
     with pytest.raises(Exception, match="not a Hare data directory"):
         read(spark, tmp_path).collect()
