@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pyspark.sql.datasource import (
     DataSource,
-    DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
+    SimpleDataSourceStreamReader,
 )
 from pyspark.sql.types import StructType
 
@@ -28,7 +28,7 @@ class AmqpDataSource(DataSource):
     def schema(self) -> StructType:
         return SOURCE_SCHEMA
 
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+    def simpleStreamReader(self, schema: StructType) -> SimpleDataSourceStreamReader:
         return AmqpStreamReader(SourceOptions.parse(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:

@@ -3,6 +3,7 @@ for Spark's commit, and no loss across a crash of the source mid-batch."""
 
 from __future__ import annotations
 
+import gc
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -10,6 +11,9 @@ from pathlib import Path
 import pika
 import pytest
 
+from broker.spark.columns import SOURCE_ARROW_SCHEMA
+from broker.spark.options import SourceOptions
+from broker.spark.source import AmqpStreamReader
 from tests.spark.helpers import counts, kill, publish, source_runners, wait_for
 
 
@@ -55,6 +59,38 @@ def test_bad_option_fails_the_query(spark, hare, tmp_path: Path, options: dict[s
 
 
 # -- reading ------------------------------------------------------------------------------
+
+
+def test_reader_hands_batches_over_and_acks_them_once_committed(hare) -> None:
+    """The reader's calls as Spark's source runner makes them, without Spark."""
+    queue = "src-reader"
+    publish(hare.url, queue, (b"%d" % i for i in range(30)))
+    reader = AmqpStreamReader(SourceOptions.parse(
+        {"url": hare.url, "queue": queue, "maxMessagesPerBatch": "10"}))
+    rows, end = reader.read({"seq": 0})
+    [batch] = list(rows)
+    assert end == {"seq": 10} and batch.schema == SOURCE_ARROW_SCHEMA
+    assert batch.column("body").to_pylist() == [b"%d" % i for i in range(10)]
+    # prefetch 2 x 10: nothing acked while the batch is not committed
+    wait_for(lambda: counts(hare, queue) == (10, 20, 1), what="two batches delivered")
+    reader.commit({"seq": 10})
+    wait_for(lambda: counts(hare, queue) == (0, 20, 1), what="batch 0..10 acked")
+    rows, end = reader.read({"seq": 10})
+    assert end == {"seq": 20}
+    with pytest.raises(RuntimeError, match="after offset 5, but the source stands at 20"):
+        reader.read({"seq": 5})
+    # Spark reads after 20 only once 20 is committed, and may not call commit(20) before.
+    rows, end = reader.read({"seq": 20})
+    assert end == {"seq": 30}
+    assert next(rows).column("body").to_pylist() == [b"%d" % i for i in range(20, 30)]
+    wait_for(lambda: counts(hare, queue) == (0, 10, 1), what="batch 10..20 acked")
+    # An executor replaying a batch planned before a restart gets no rows: they come back
+    # redelivered on the new connection.
+    assert list(reader.readBetweenOffsets({"seq": 20}, {"seq": 30})) == []
+    # A reader dropped with a batch unacked closes its connection: the batch is back.
+    del reader, rows
+    gc.collect()
+    wait_for(lambda: counts(hare, queue) == (10, 0, 0), what="last batch requeued")
 
 
 def test_columns_and_batches(spark, hare, tmp_path: Path) -> None:
