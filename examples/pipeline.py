@@ -2,7 +2,8 @@
 
 1. Starts a Hare of its own (or uses the broker given with --url).
 2. Publishes synthetic order events to the topic exchange "orders" (routing keys
-   order.<region>.<kind>); a durable queue "orders.audit" keeps a copy nobody consumes.
+   order.<region>.<kind>); a durable queue "orders.audit" keeps a copy of the paid ones that
+   nobody consumes.
 3. A Structured Streaming query reads the queue "orders.events" with the "amqp" source and
    sums orders and amounts per routing key per minute of event time. Each micro-batch appends
    its updated totals to Parquet and publishes them to the exchange "orders.totals".
@@ -24,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pika
@@ -63,23 +65,29 @@ def declare(url: str) -> None:
     connection.close()
 
 
-def publish_orders(url: str, count: int, seconds: float) -> None:
-    """`count` order events, spread over `seconds`; event time runs a minute every 600."""
+def orders(count: int) -> Iterator[tuple[str, dict[str, object]]]:
+    """`count` synthetic order events (routing key, order), the same on every run; event time
+    runs a minute every 600 orders."""
     rng = random.Random(7)
+    start_event_time = 1_767_225_600  # 2026-01-01T00:00:00Z
+    for i in range(count):
+        region, kind = rng.choice(REGIONS), rng.choice(KINDS)
+        yield f"order.{region}.{kind}", {"order_id": i, "region": region, "kind": kind,
+                                         "amount": round(rng.uniform(5, 500), 2),
+                                         "ts": start_event_time + i // 10}
+
+
+def publish_orders(url: str, count: int, seconds: float) -> None:
+    """The orders, published (confirmed, persistent) over `seconds`."""
     connection = pika.BlockingConnection(pika.URLParameters(url))
     channel = connection.channel()
     channel.confirm_delivery()
-    start_event_time = 1_767_225_600  # 2026-01-01T00:00:00Z
     pause = seconds / count
-    for i in range(count):
-        region, kind = rng.choice(REGIONS), rng.choice(KINDS)
-        ts = start_event_time + i // 10
-        order = {"order_id": i, "region": region, "kind": kind,
-                 "amount": round(rng.uniform(5, 500), 2), "ts": ts}
-        channel.basic_publish(EVENTS, f"order.{region}.{kind}", json.dumps(order).encode(),
+    for key, order in orders(count):
+        channel.basic_publish(EVENTS, key, json.dumps(order).encode(),
                               pika.BasicProperties(content_type="application/json",
-                                                   message_id=str(i), timestamp=ts,
-                                                   delivery_mode=2))
+                                                   message_id=str(order["order_id"]),
+                                                   timestamp=order["ts"], delivery_mode=2))
         if pause:
             time.sleep(pause)
     connection.close()
@@ -99,7 +107,9 @@ def print_totals(url: str, stop: threading.Event) -> None:
     connection.close()
 
 
-def run_query(spark, url: str, out: Path, events: int):
+def start_query(spark, url: str, out: Path):
+    """The streaming query: orders from the queue, totals per routing key and minute of event
+    time; each micro-batch appends its updated totals to Parquet and publishes them."""
     from pyspark.sql import functions as F
 
     order = "order_id long, region string, kind string, amount double, ts long"
@@ -128,37 +138,14 @@ def run_query(spark, url: str, out: Path, events: int):
          .mode("append").save())
         batch.unpersist()
 
-    query = (totals.writeStream.outputMode("update").foreachBatch(store_and_publish)
-             .option("checkpointLocation", str(out / "checkpoint"))
-             .trigger(processingTime="2 seconds").start())
-    # Run until every event went through a committed batch.
-    while True:
-        done = sum(p["numInputRows"] for p in query.recentProgress)
-        if done >= events or query.exception() is not None:
-            break
-        time.sleep(1)
-    query.stop()
-    if query.exception() is not None:
-        raise SystemExit(f"query failed: {query.exception()}")
-    return spark.read.parquet(str(out / "totals"))
+    return (totals.writeStream.outputMode("update").foreachBatch(store_and_publish)
+            .option("checkpointLocation", str(out / "checkpoint"))
+            .trigger(processingTime="2 seconds").start())
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", help="use this broker instead of starting a Hare")
-    parser.add_argument("--data-dir", type=Path,
-                        help="with --url: that broker's data directory, for the backlog "
-                             "report (stop the broker first, or the reader refuses it)")
-    parser.add_argument("--events", type=int, default=3000)
-    parser.add_argument("--seconds", type=float, default=10.0, help="publishing time")
-    parser.add_argument("--out", type=Path, help="Parquet and checkpoint directory")
-    args = parser.parse_args(argv)
-
-    from broker.spark.local import local_session
-
-    work = Path(tempfile.mkdtemp(prefix="hare-pipeline-"))
-    out = args.out or work / "out"
+def run(spark, args: argparse.Namespace, work: Path) -> None:
+    """The pipeline on `spark`, its files under `work` (see the module docstring)."""
+    out = work / "out"
     hare = None
     data_dir = args.data_dir
     if args.url:
@@ -167,23 +154,24 @@ def main(argv: list[str] | None = None) -> int:
         data_dir = work / "hare-data"
         hare, url = start_hare(data_dir)
         print(f"started Hare at {url} (data in {data_dir})")
-    spark = local_session("hare-pipeline", work)
     try:
         declare(url)
         stop = threading.Event()
         printer = threading.Thread(target=print_totals, args=(url, stop))
         printer.start()
-        publisher = threading.Thread(target=publish_orders, args=(url, args.events, args.seconds))
-        publisher.start()
-        print(f"publishing {args.events} order events to exchange {EVENTS!r} ...")
         try:
-            result = run_query(spark, url, out, args.events)
+            query = start_query(spark, url, out)
+            print(f"publishing {args.events} order events to exchange {EVENTS!r} ...")
+            publish_orders(url, args.events, args.seconds)
+            # Every event is in the queue (confirmed): run until all went through a committed
+            # batch, then stop. (Their acks went out when the query next asked for data.)
+            query.processAllAvailable()
+            query.stop()
         finally:
-            publisher.join()
             stop.set()  # the printer drains what is queued, then stops
             printer.join()
         print(f"\nParquet totals in {out / 'totals'} (latest update per key and minute):")
-        latest_totals(result).show(12, truncate=False)
+        latest_totals(spark.read.parquet(str(out / "totals"))).show(12, truncate=False)
         if hare is not None:
             hare.terminate()
             hare.wait(30)
@@ -196,6 +184,32 @@ def main(argv: list[str] | None = None) -> int:
         if hare is not None:
             hare.kill()
             hare.wait()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", help="use this broker instead of starting a Hare")
+    parser.add_argument("--data-dir", type=Path,
+                        help="with --url: that broker's data directory, for the backlog "
+                             "report (stop the broker first, or the reader refuses it)")
+    parser.add_argument("--events", type=int, default=3000)
+    parser.add_argument("--seconds", type=float, default=10.0, help="publishing time")
+    parser.add_argument("--work", type=Path,
+                        help="where Parquet, checkpoint and Hare's data go (default: a new "
+                             "temporary directory)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from broker.spark.local import local_session
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="hare-pipeline-"))
+    spark = local_session("hare-pipeline", work)
+    try:
+        run(spark, args, work)
+    finally:
         spark.stop()
     return 0
 
