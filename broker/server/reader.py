@@ -144,6 +144,7 @@ class Reader(asyncio.Protocol):
         self.flow_pauses = 0  # times credit flow paused this socket (the "flow" state)
         self._blocked_timer: asyncio.TimerHandle | None = None
         self.alarm_blocked = False  # an alarm is raised: stop reading after the next publish
+        self._blocked_sent = False  # connection.blocked told (to a publisher, once an alarm)
         self.budget_pauses = 0  # times the content budget paused this socket
         self.unroutable_nack = node.settings.unroutable == "nack"
         self.credit_flow = CreditFlow(
@@ -671,6 +672,14 @@ class Reader(asyncio.Protocol):
     def _blocked(self) -> bool:
         """Must the socket wait (for credit, the end of an alarm, content budget)?"""
         blocked = self.alarm_blocked and self._published_since_alarm
+        if blocked and not self._blocked_sent:
+            # RabbitMQ's publish_received: only a connection that publishes under the alarm
+            # is blocked and told so; a consumer's connection never is
+            self._blocked_sent = True
+            if self.client_capability("connection.blocked"):
+                self._send0(
+                    commands.Connection.Blocked(reason=blocked_reason(self.node.alarms_active()))
+                )
         if blocked and self._blocked_timer is None and self.settings.blocked_timeout_s > 0:
             self._blocked_timer = self.loop.call_later(
                 self.settings.blocked_timeout_s, self._blocked_too_long
@@ -721,7 +730,8 @@ class Reader(asyncio.Protocol):
         return any(ch.published_since_alarm for ch in self.channels.values())
 
     def on_alarm(self, resources: frozenset[str]) -> None:
-        """The node's alarm set changed: connection.blocked / unblocked, as RabbitMQ."""
+        """The node's alarm set changed. A connection is blocked, and told so, at its first
+        publish under the alarm (`_blocked`); told connection.unblocked here if it was."""
         if self.state != OPENED:
             return
         blocked = bool(resources)
@@ -733,12 +743,10 @@ class Reader(asyncio.Protocol):
             self._blocked_timer = None
         for ch in self.channels.values():
             ch.published_since_alarm = False
-        if blocked:
-            if self.client_capability("connection.blocked"):
-                self._send0(commands.Connection.Blocked(reason=blocked_reason(resources)))
-        else:
-            if self.client_capability("connection.blocked"):
+        if not blocked:
+            if self._blocked_sent and self.client_capability("connection.blocked"):
                 self._send0(commands.Connection.Unblocked())
+            self._blocked_sent = False
             self._maybe_resume()
 
     def _on_writer_resume(self) -> None:

@@ -95,6 +95,9 @@ async def test_disk_alarm_blocks_publishers(small_disk):
     try:
         c = RawClient(b.port)
         c.handshake()
+        c.open_channel(1)
+        c.send_method(1, commands.Basic.Publish(exchange="", routing_key="nowhere"))
+        c.send_content(1, b"x")  # a publisher is blocked and told so
         blocked = c.expect(commands.Connection.Blocked, 0)
         assert blocked.reason == "low on disk"
         assert "alarm raised" in b.log()
