@@ -28,17 +28,22 @@ def podman_ready() -> None:
 
 @pytest.fixture(scope="session")
 def image(podman_ready: None) -> Iterator[str]:
-    """docker/Dockerfile built from this checkout; yields its session-unique tag."""
+    """docker/Dockerfile built from this checkout; yields its session-unique tag. Removing it
+    at the end removes the image's own stage; the build stage stays cached (its dependency
+    layer most of all)."""
     tag = f"localhost/{unique('hare-test')}:latest"
     build_image(ROOT, tag)
     yield tag
-    podman("rmi", tag, check=False)  # the layers stay cached for the next session
+    podman("rmi", tag, check=False)
 
 
 @pytest.fixture(scope="session")
-def older_image(podman_ready: None) -> Iterator[str]:
-    """docker/Dockerfile as it was at OLDER_IMAGE_COMMIT, built from that commit's tree."""
-    tag = f"localhost/{unique('hare-test-older')}:latest"
+def older_image(podman_ready: None) -> str:
+    """docker/Dockerfile as it was at OLDER_IMAGE_COMMIT, built from that commit's tree once
+    per machine and kept (a tag of the commit's: the same image for every session)."""
+    tag = f"localhost/hare-test-older:{OLDER_IMAGE_COMMIT[:12]}"
+    if podman("image", "exists", tag, check=False).returncode == 0:
+        return tag
     with tempfile.TemporaryDirectory(prefix="hare-older-") as tmp:
         archive = Path(tmp) / "tree.tar"
         done = subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive),
@@ -48,5 +53,4 @@ def older_image(podman_ready: None) -> Iterator[str]:
         with tarfile.open(archive) as tar:
             tar.extractall(Path(tmp) / "tree", filter="data")
         build_image(Path(tmp) / "tree", tag)
-    yield tag
-    podman("rmi", tag, check=False)
+    return tag

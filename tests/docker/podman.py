@@ -1,6 +1,7 @@
 """Podman and podman-compose for the container tests: the image built from docker/Dockerfile,
 containers and compose projects under names of their own (several test sessions share one
-machine's podman), and waits on conditions with deadlines that fail fast.
+machine's podman), waits on conditions with deadlines that fail fast, and the pika and aio-pika
+calls the tests make through the published ports.
 
 Podman runs health checks from systemd timers; where systemd is not running (CI), nothing runs
 them on a schedule, so the tests run them with `podman healthcheck run`, the same check
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -19,6 +21,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+
+import aio_pika
+import pika
+import yaml
 
 from tests.mgmt.helpers import api_request, free_port
 
@@ -153,7 +159,7 @@ class Broker:
 
     def wait_serving(self) -> dict[str, Any]:
         """Until the management API answers for the node (every listener is bound before any
-        serves, so AMQP is up too); returns the node's /api/nodes entry."""
+        serves, so AMQP is up too); returns the first /api/nodes entry (a single node's own)."""
         def node() -> dict[str, Any] | None:
             status, body = self.api("GET", "/api/nodes")
             return body[0] if status == 200 and body else None
@@ -174,31 +180,112 @@ class Broker:
         return int(self.get("/api/nodes")[0]["os_pid"])
 
 
-@contextmanager
-def compose_project(image: str) -> Iterator[tuple[Broker, Callable[..., str]]]:
-    """A project of docker/compose.yaml run by podman-compose on `image`, with free host ports
-    and a password of its own; yields the broker and `compose(*args, image=...)`, which runs
-    `podman-compose -f docker/compose.yaml -p NAME ARGS`. Taken down with its volume at the
-    end (podman-compose leaves the project's network: removed here too)."""
-    project = unique("hare-test")
-    broker = Broker(container=f"{project}_hare_1", user="admin", password=uuid.uuid4().hex)
+def publish_with_pika(url: str, exchange: str, key: str, bodies: list[bytes]) -> None:
+    """Persistent messages with publisher confirms and mandatory: pika raises on a nack or a
+    return, so each one is on disk and routed when this returns."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        if not exchange:
+            channel.queue_declare(key, durable=True)
+        for body in bodies:
+            channel.basic_publish(exchange, key, body, pika.BasicProperties(delivery_mode=2),
+                                  mandatory=True)
+    finally:
+        connection.close()
 
-    def compose(*args: str, image: str = image, timeout: float = 180.0) -> str:
-        env = {
-            **os.environ,
-            "HARE_COMPOSE_IMAGE": image,
-            "HARE_COMPOSE_AMQP_PORT": str(broker.amqp_port),
-            "HARE_COMPOSE_MANAGEMENT_PORT": str(broker.mgmt_port),
-            "HARE_DEFAULT_PASS": broker.password,
-        }
-        done = run(["podman-compose", "-f", str(COMPOSE_FILE), "-p", project, *args],
-                   timeout=timeout, env=env)
+
+async def publish_with_aio_pika(url: str, queue: str, bodies: list[bytes]) -> None:
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        for body in bodies:  # each publish awaits its confirm
+            await channel.default_exchange.publish(
+                aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                routing_key=queue, mandatory=True)
+
+
+async def drain(url: str, queue: str) -> list[bytes]:
+    """Every message of an existing queue, in order, acked."""
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(queue, passive=True)
+        bodies = []
+        while (message := await declared.get(no_ack=False, fail=False)) is not None:
+            bodies.append(message.body)
+            await message.ack()
+        return bodies
+
+
+def stop_grace_s() -> int:
+    """docker/compose.yaml's stop_grace_period, in seconds."""
+    grace = yaml.safe_load(COMPOSE_FILE.read_text())["services"]["hare"]["stop_grace_period"]
+    match = re.fullmatch(r"(\d+)s", grace)
+    assert match, grace
+    return int(match.group(1))
+
+
+def assert_stopped_cleanly(broker: Broker, stops: int) -> None:
+    """Exit code 0 (not 137: SIGKILL after the grace period) and the broker's own last line."""
+    state = inspect(broker.container)["State"]
+    assert state["Running"] is False and state["ExitCode"] == 0, state
+    events = [event["event"] for event in json_events(logs(broker.container))]
+    assert events[-1] == "broker stopped", events[-5:]
+    assert events.count("broker stopped") == stops, events
+
+
+class ComposeProject:
+    """A project of a compose file run by podman-compose under a name of its own, every Hare
+    service on free host ports (HARE_COMPOSE_AMQP_PORT<suffix> and _MANAGEMENT_PORT<suffix>)
+    with a password of its own. `project(*args)` runs `podman-compose -f FILE -p NAME ARGS`."""
+
+    def __init__(self, file: Path, env: dict[str, str], services: dict[str, str]) -> None:
+        """`services`: each Hare service and the suffix of its port variables."""
+        self.file = file
+        self.name = unique("hare-test")
+        self.password = uuid.uuid4().hex
+        self.brokers = {
+            service: Broker(container=self.container(service), user="admin",
+                            password=self.password)
+            for service in services}
+        self.env = {**env, "HARE_DEFAULT_PASS": self.password}
+        for service, suffix in services.items():
+            self.env[f"HARE_COMPOSE_AMQP_PORT{suffix}"] = str(self.brokers[service].amqp_port)
+            self.env[f"HARE_COMPOSE_MANAGEMENT_PORT{suffix}"] = str(
+                self.brokers[service].mgmt_port)
+
+    def container(self, service: str) -> str:
+        return f"{self.name}_{service}_1"
+
+    def volume(self, name: str) -> str:
+        return f"{self.name}_{name}"
+
+    def __call__(self, *args: str, timeout: float = 180.0, **env: str) -> str:
+        done = run(["podman-compose", "-f", str(self.file), "-p", self.name, *args],
+                   timeout=timeout, env={**os.environ, **self.env, **env})
         return done.stdout + done.stderr
 
-    try:
-        yield broker, compose
-    finally:
+    def down(self) -> None:
+        """Containers, volumes and network gone. podman-compose 1.0.3 leaves the network, and
+        the volumes it did not create itself (a test's `podman run -v` made them first)."""
         try:
-            compose("down", "-v")
+            self("down", "-v")
         finally:
-            podman("network", "rm", "-f", f"{project}_default", check=False)
+            podman("network", "rm", "-f", f"{self.name}_default", check=False)
+            volumes = podman("volume", "ls", "--format", "{{.Name}}").stdout.split()
+            for volume in volumes:
+                if volume.startswith(f"{self.name}_"):
+                    podman("volume", "rm", "-f", volume, check=False)
+
+
+@contextmanager
+def compose_project(image: str) -> Iterator[tuple[Broker, ComposeProject]]:
+    """docker/compose.yaml on `image`; yields its broker and the project, taken down with its
+    volume at the end."""
+    project = ComposeProject(COMPOSE_FILE, {"HARE_COMPOSE_IMAGE": image}, {"hare": ""})
+    try:
+        yield project.brokers["hare"], project
+    finally:
+        project.down()

@@ -62,6 +62,7 @@ def test_compose_settings_load(tmp_path: Path) -> None:
     settings = load_settings(argv, {**env, "HARE_DATA_DIR": "/var/lib/hare"})
     assert settings.port == 5672 and settings.management_port == 15672
     assert settings.default_user == "admin" and settings.default_pass == "change-me"
+    assert settings.node_name == "hare@hare"  # not hare@<container id>: kept on re-creation
     assert settings.vm_memory_high_watermark.relative == 0.6
     assert str(settings.data_dir) == "/var/lib/hare"
 

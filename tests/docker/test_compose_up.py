@@ -5,20 +5,20 @@ broker's own clean shutdown."""
 from __future__ import annotations
 
 import asyncio
-import re
 
-import aio_pika
 import pika
 import pytest
-import yaml
 
 from tests.docker.podman import (
-    COMPOSE_FILE,
     Broker,
+    assert_stopped_cleanly,
     compose_project,
+    drain,
     inspect,
-    json_events,
-    logs,
+    podman,
+    publish_with_aio_pika,
+    publish_with_pika,
+    stop_grace_s,
 )
 
 pytestmark = pytest.mark.timeout(900)  # the first test sets up the session's image build
@@ -26,65 +26,11 @@ pytestmark = pytest.mark.timeout(900)  # the first test sets up the session's im
 QUEUE = "deploy-durable"
 
 
-def publish_with_pika(url: str, exchange: str, key: str, bodies: list[bytes]) -> None:
-    """Persistent messages with publisher confirms and mandatory: pika raises on a nack or a
-    return, so each one is on disk and routed when this returns."""
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        channel = connection.channel()
-        channel.confirm_delivery()
-        if not exchange:
-            channel.queue_declare(key, durable=True)
-        for body in bodies:
-            channel.basic_publish(exchange, key, body, pika.BasicProperties(delivery_mode=2),
-                                  mandatory=True)
-    finally:
-        connection.close()
-
-
-async def publish_with_aio_pika(url: str, queue: str, bodies: list[bytes]) -> None:
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel(publisher_confirms=True)
-        for body in bodies:  # each publish awaits its confirm
-            await channel.default_exchange.publish(
-                aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-                routing_key=queue, mandatory=True)
-
-
-async def drain(url: str, queue: str) -> list[bytes]:
-    """Every message of an existing queue, in order, acked."""
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        declared = await channel.declare_queue(queue, passive=True)
-        bodies = []
-        while (message := await declared.get(no_ack=False, fail=False)) is not None:
-            bodies.append(message.body)
-            await message.ack()
-        return bodies
-
-
-def stop_grace_s() -> int:
-    grace = yaml.safe_load(COMPOSE_FILE.read_text())["services"]["hare"]["stop_grace_period"]
-    match = re.fullmatch(r"(\d+)s", grace)
-    assert match, grace
-    return int(match.group(1))
-
-
-def assert_stopped_cleanly(broker: Broker, stops: int) -> None:
-    """Exit code 0 (not 137: SIGKILL after the grace period) and the broker's own last line."""
-    state = inspect(broker.container)["State"]
-    assert state["Running"] is False and state["ExitCode"] == 0, state
-    events = [event["event"] for event in json_events(logs(broker.container))]
-    assert events[-1] == "broker stopped", events[-5:]
-    assert events.count("broker stopped") == stops, events
-
-
 def test_compose_messages_survive_restart_and_stop_is_clean(image: str) -> None:
     with compose_project(image) as (broker, compose):
         compose("up", "-d")
-        broker.wait_serving()
+        # the compose file names the node: the same name whatever the container's id
+        assert broker.wait_serving()["name"] == "hare@hare"
         from_pika = [b"pika %d" % n for n in range(50)]
         from_aio_pika = [b"aio-pika %d" % n for n in range(50)]
         publish_with_pika(broker.url(), "", QUEUE, from_pika)  # the compose file's user
@@ -101,35 +47,47 @@ def test_compose_messages_survive_restart_and_stop_is_clean(image: str) -> None:
 
 
 def test_volume_from_the_older_image_is_recovered(image: str, older_image: str) -> None:
-    """Definitions and messages written by the older image on the project's volume, read by
-    this one after `down` and `up` with the new image (the volume kept, the container new)."""
+    """Definitions and messages that the older image wrote on a volume, read by this one when
+    compose runs it on that volume. The older image runs alone (`podman run`): this compose
+    file sets HARE_NODE_NAME, a setting it did not know."""
     vhost, user, password = "upgrade", "app", "app-secret"
     bodies = [b"order %d" % n for n in range(20)]
-    with compose_project(older_image) as (broker, compose):
-        compose("up", "-d")
-        broker.wait_serving()
-        assert inspect(broker.container)["ImageName"] == older_image
-        assert broker.api("PUT", f"/api/vhosts/{vhost}")[0] in (201, 204)
-        assert broker.api("PUT", f"/api/users/{user}", {"password": password, "tags": ""}
-                          )[0] in (201, 204)
-        assert broker.api("PUT", f"/api/permissions/{vhost}/{user}",
-                          {"configure": ".*", "write": ".*", "read": ".*"})[0] in (201, 204)
-        url = broker.url(vhost, user, password)
-        connection = pika.BlockingConnection(pika.URLParameters(url))
-        channel = connection.channel()
-        channel.exchange_declare("orders", "topic", durable=True)
-        channel.queue_declare("orders.eu", durable=True, arguments={"x-max-length": 1000})
-        channel.queue_bind("orders.eu", "orders", "eu.#")
-        connection.close()
-        publish_with_pika(url, "orders", "eu.paris", bodies)
+    with compose_project(image) as (broker, compose):
+        older = Broker(container=f"{compose.name}-older", user="admin",
+                       password=broker.password)
+        podman("run", "-d", "--name", older.container, "--init",
+               "-v", f"{compose.volume('hare-data')}:/var/lib/hare",
+               "-p", f"127.0.0.1:{older.amqp_port}:5672",
+               "-p", f"127.0.0.1:{older.mgmt_port}:15672",
+               "-e", "HARE_DEFAULT_USER=admin", "-e", f"HARE_DEFAULT_PASS={older.password}",
+               older_image)
+        try:
+            older.wait_serving()
+            assert older.api("PUT", f"/api/vhosts/{vhost}")[0] in (201, 204)
+            assert older.api("PUT", f"/api/users/{user}", {"password": password, "tags": ""}
+                             )[0] in (201, 204)
+            assert older.api("PUT", f"/api/permissions/{vhost}/{user}",
+                             {"configure": ".*", "write": ".*", "read": ".*"})[0] in (201, 204)
+            url = older.url(vhost, user, password)
+            connection = pika.BlockingConnection(pika.URLParameters(url))
+            channel = connection.channel()
+            channel.exchange_declare("orders", "topic", durable=True)
+            channel.queue_declare("orders.eu", durable=True, arguments={"x-max-length": 1000})
+            channel.queue_bind("orders.eu", "orders", "eu.#")
+            connection.close()
+            publish_with_pika(url, "orders", "eu.paris", bodies)
+            podman("stop", "-t", str(stop_grace_s()), older.container)
+            assert_stopped_cleanly(older, stops=1)
+        finally:
+            podman("rm", "-f", older.container, check=False)
 
-        compose("down")
-        compose("up", "-d", image=image)
+        compose("up", "-d")
         broker.wait_serving()
         assert inspect(broker.container)["ImageName"] == image
 
         # the user, its password and permissions, the exchange, the binding: a new message
         # routes, mandatory and confirmed, into the old queue behind the old messages
+        url = broker.url(vhost, user, password)
         publish_with_pika(url, "orders", "eu.lyon", [b"after the upgrade"])
         assert asyncio.run(drain(url, "orders.eu")) == [*bodies, b"after the upgrade"]
         queue = broker.get(f"/api/queues/{vhost}/orders.eu")
