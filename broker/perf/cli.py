@@ -7,10 +7,10 @@ import sys
 
 import uvloop
 
-from broker.perf.report import dumps, format_report
+from broker.perf.report import dumps, format_report, gate_failures
 from broker.perf.scenarios import SCENARIOS, run_scenario
 
-__all__ = ["DEFAULT_URL", "add_wait_quiet", "main"]
+__all__ = ["DEFAULT_URL", "add_duration", "add_wait_quiet", "main"]
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
@@ -23,6 +23,15 @@ def add_wait_quiet(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="before each run wait up to S seconds for other processes to go quiet "
         "(under 0.2 cores; needs --pid to tell the broker apart)",
+    )
+
+
+def add_duration(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--duration",
+        type=float,
+        metavar="S",
+        help="steady-state scenarios: the window in seconds (15; --quick 2)",
     )
 
 
@@ -43,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rate", type=float, default=5000.0, help="latency: msg/s (5000)")
     parser.add_argument("--quick", action="store_true", help="small default counts")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_duration(parser)
     add_wait_quiet(parser)
     return parser
 
@@ -60,10 +70,14 @@ def main(argv: list[str] | None = None) -> int:
             quick=args.quick,
             rate=args.rate,
             wait_quiet_s=args.wait_quiet,
+            duration_s=args.duration,
         )
     )
     print(dumps([report]) if args.json else format_report(report))
-    return 0
+    failed = gate_failures([[report]])
+    for line in failed:
+        print(f"GATE FAILED: {line}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -92,6 +92,11 @@ class AmqpClient(asyncio.Protocol):
         self._fail(exc or BrokerClosed("connection lost"))
         self.resume_writing()
 
+    @property
+    def paused(self) -> bool:
+        """The transport's buffer is above its high-water mark."""
+        return self._paused
+
     def pause_writing(self) -> None:
         self._paused = True
 
@@ -224,8 +229,13 @@ class AmqpClient(asyncio.Protocol):
         await self.rpc(channel, commands.Channel.Open(), timeout)
 
     async def close(self, timeout: float = 5.0) -> None:
-        """Polite connection.close, then the socket, whatever the broker answers."""
+        """Polite connection.close, then the socket, whatever the broker answers. With
+        timeout 0, no close handshake: the socket is dropped (a publisher whose unread
+        publishes would keep the broker busy past the measurement)."""
         if self.transport is None or self.transport.is_closing():
+            return
+        if timeout <= 0:
+            self.transport.abort()
             return
         try:
             bye = commands.Connection.Close(

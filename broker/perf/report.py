@@ -8,7 +8,7 @@ from typing import Any
 
 from broker.perf.scenarios import SCENARIOS, Report
 
-__all__ = ["format_report", "format_table", "to_json"]
+__all__ = ["format_report", "format_table", "gate_failures", "to_json"]
 
 
 def _fmt(value: float | None) -> str:
@@ -24,12 +24,15 @@ def _fmt(value: float | None) -> str:
 def format_report(report: Report) -> str:
     scenario = SCENARIOS[report.scenario]
     p = report.params
+    amount = f"duration={p['duration_s']:g}s" if p.get("duration_s") else f"count={p['count']}"
     lines = [
-        f"{report.scenario}  {report.url}  count={p['count']} size={p['size']} "
+        f"{report.scenario}  {report.url}  {amount} size={p['size']} "
         f"runs={p['runs']}  ({scenario.doc})"
     ]
     shown = [(k, label) for k, label in scenario.metrics if k in report.median]
-    shown += [(k, k) for k in ("published", "delivered", "client_cpu", "others_cpu")]
+    extra = ("published", "delivered", "sent", "received", "client_cpu", "broker_cpu",
+             "others_cpu")
+    shown += [(k, k) for k in extra]
     shown = [(k, label) for k, label in shown if k in report.median]
     for key, label in shown:
         runs = " ".join(_fmt(run.get(key)) for run in report.runs)
@@ -65,6 +68,18 @@ def format_table(reports: list[list[Report]]) -> str:
             lines.append("  ".join("-" * w for w in widths))
     legend = [f"[{i + 1}] {url}" for i, url in enumerate(urls)]
     return "\n".join([*legend, "", *lines])
+
+
+def gate_failures(reports: list[list[Report]]) -> list[str]:
+    """What the scenarios' gates refuse in the medians, one line per broker and scenario."""
+    failed = []
+    for per_url in reports:
+        for report in per_url:
+            gate = SCENARIOS[report.scenario].gate
+            reason = gate(report.median) if gate is not None else None
+            if reason is not None:
+                failed.append(f"{report.scenario} {report.url}: {reason}")
+    return failed
 
 
 def to_json(reports: list[Report]) -> list[dict[str, Any]]:

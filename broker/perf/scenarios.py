@@ -48,11 +48,12 @@ class Params:
     pid: int | None = None
     rate: float = 5000.0
     connections: int = 800
+    duration_s: float = 0.0  # steady-state scenarios: the measuring window
 
     @property
     def timeout_s(self) -> float:
         # bounded, yet generous for a slow broker: a minute plus 1 ms per message
-        return 60.0 + self.count / 1000.0
+        return 60.0 + self.count / 1000.0 + self.duration_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,9 @@ class Scenario:
     size: int
     quick_count: int
     metrics: tuple[tuple[str, str], ...]  # (key, label) shown in tables; the first is headline
+    duration_s: float = 0.0  # steady state: a fixed window instead of a message count
+    quick_duration_s: float = 0.0
+    gate: Callable[[dict[str, float]], str | None] | None = None  # what a run must not show
 
 
 @dataclass(slots=True)
@@ -272,7 +276,8 @@ def _others_busy(
     if before is None or after is None:
         return {}
     wall, busy, broker, ours = (a - b for a, b in zip(after, before, strict=True))
-    return {"others_cpu": max(0.0, (busy - broker - ours) / max(wall, 1e-9))}
+    others = {"others_cpu": max(0.0, (busy - broker - ours) / max(wall, 1e-9))}
+    return {"broker_cpu": broker / max(wall, 1e-9), **others} if broker else others
 
 
 QUIET_CORES = 0.2
@@ -479,8 +484,93 @@ async def backlog_memory(p: Params) -> dict[str, float]:
     return await _with_control(p, "backlog", body)
 
 
+_NO_END = 1 << 62  # a steady consumer's "expected": it stops at the window's end instead
+
+
+def _depths(ctl: _Control, queues: list[str]) -> Awaitable[list[int]]:
+    return asyncio.gather(*(ctl.depth(q) for q in queues))
+
+
+async def _steady(p: Params, scenario: str, queues: int, persistent: bool) -> dict[str, float]:
+    """`queues` publishers and consumers, one pair per queue, at full speed for a fixed window:
+    what the consumers received per second in it, what the publishers wrote, the latency of
+    what was received, and the messages the queues held at the end (sampled every second)."""
+
+    async def body(ctl: _Control, crew: _Crew) -> dict[str, float]:
+        names = [await ctl.queue(f"q{i}", durable=persistent) for i in range(queues)]
+        spec = ConsumerSpec(p.url, names, [_NO_END] * queues, p.timeout_s,
+                            duration_s=p.duration_s)
+        con = crew.start(consumer_main, spec, "consumers")
+        pubs = [
+            crew.start(
+                publisher_main,
+                _publisher(p, "", [name], persistent=persistent, confirms=persistent,
+                           duration_s=p.duration_s),
+                f"publisher-{i}",
+            )
+            for i, name in enumerate(names)
+        ]
+        await crew.ready()
+        crew.go()
+        t0 = time.monotonic()
+        samples: list[int] = []
+        second = 0.0
+        while second < p.duration_s:
+            second = min(second + 1.0, p.duration_s)
+            await asyncio.sleep(max(0.0, t0 + second - time.monotonic()))
+            samples.append(sum(await _depths(ctl, names)))
+        rc = await crew.result(con)
+        rps = [await crew.result(i) for i in pubs]
+        window_s = max((rc["t_last"] - rc["t_go"]) / 1e9, 1e-9)
+        published = sum(r["published"] for r in rps)
+        return {
+            **_cpu(*rps, rc),
+            "msg_s": rc["delivered"] / window_s,
+            "pub_msg_s": sum(r["published"] / max((r["t_done"] - r["t_start"]) / 1e9, 1e-9)
+                             for r in rps),
+            "backlog": float(samples[-1]),
+            "backlog_max": float(max(samples)),
+            **_latency([rc["latencies_ns"]]),
+            "sent": float(published),
+            "received": float(rc["delivered"]),
+        }
+
+    return await _with_control(p, scenario, body)
+
+
+async def steady(p: Params) -> dict[str, float]:
+    return await _steady(p, "steady", 1, False)
+
+
+async def steady_4x4(p: Params) -> dict[str, float]:
+    return await _steady(p, "steady-4x4", 4, False)
+
+
+async def steady_persistent(p: Params) -> dict[str, float]:
+    return await _steady(p, "steady-persistent", 1, True)
+
+
+BACKLOG_LIMIT = 20_000  # messages a steady-state run may leave in its queues at the end
+
+
+def bounded_backlog(figures: dict[str, float]) -> str | None:
+    """The steady-state gate: ingress must not outrun egress for the whole window."""
+    backlog = figures.get("backlog")
+    if backlog is None or backlog < BACKLOG_LIMIT:
+        return None
+    return f"backlog at the end {backlog:,.0f} >= {BACKLOG_LIMIT:,} messages"
+
+
 _RATE = (("msg_s", "msg/s"),)
 _LAT = (("msg_s", "msg/s"), ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"))
+_STEADY = (
+    ("msg_s", "consumed/s"),
+    ("pub_msg_s", "published/s"),
+    ("backlog", "backlog at end"),
+    ("backlog_max", "backlog max"),
+    ("p50_ms", "p50 ms"),
+    ("p99_ms", "p99 ms"),
+)
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -561,6 +651,44 @@ SCENARIOS: dict[str, Scenario] = {
                 ("drain_s", "drain s"),
             ),
         ),
+        Scenario(
+            "steady",
+            "1 publisher + 1 consumer (prefetch 1000, ack every 100) at full speed for a "
+            "fixed window: consumed/s, backlog at the end",
+            steady,
+            0,
+            256,
+            0,
+            _STEADY,
+            duration_s=15.0,
+            quick_duration_s=2.0,
+            gate=bounded_backlog,
+        ),
+        Scenario(
+            "steady-4x4",
+            "4 publishers + 4 consumers on 4 queues, steady state as `steady`",
+            steady_4x4,
+            0,
+            256,
+            0,
+            _STEADY,
+            duration_s=15.0,
+            quick_duration_s=2.0,
+            gate=bounded_backlog,
+        ),
+        Scenario(
+            "steady-persistent",
+            "steady state as `steady`, durable queue, delivery_mode 2, confirms "
+            "(1000 in flight)",
+            steady_persistent,
+            0,
+            256,
+            0,
+            _STEADY,
+            duration_s=15.0,
+            quick_duration_s=2.0,
+            gate=bounded_backlog,
+        ),
     )
 }
 
@@ -575,12 +703,15 @@ async def run_scenario(
     quick: bool = False,
     rate: float = 5000.0,
     wait_quiet_s: float = 0.0,
+    duration_s: float | None = None,
 ) -> Report:
     """Run a scenario `runs` times and keep per-figure medians. For `idle`, count is the
     number of connections. With `wait_quiet_s`, each run first waits (at most that long) for
     a second in which other processes keep less than QUIET_CORES busy."""
     scenario = SCENARIOS[name]
     n = count if count is not None else (scenario.quick_count if quick else scenario.count)
+    if duration_s is None or not scenario.duration_s:
+        duration_s = scenario.quick_duration_s if quick else scenario.duration_s
     params = Params(
         url=url,
         count=n,
@@ -588,11 +719,13 @@ async def run_scenario(
         pid=pid,
         rate=rate,
         connections=n,
+        duration_s=duration_s,
     )
     report = Report(
         scenario=name,
         url=parse_url(url).redacted(),
-        params={"count": params.count, "size": params.size, "runs": runs, "pid": pid},
+        params={"count": params.count, "size": params.size, "runs": runs, "pid": pid,
+                "duration_s": duration_s},
     )
     for _ in range(max(1, runs)):
         if wait_quiet_s > 0:

@@ -11,8 +11,8 @@ import sys
 
 import uvloop
 
-from broker.perf.cli import DEFAULT_URL, add_wait_quiet
-from broker.perf.report import format_report, format_table, to_json
+from broker.perf.cli import DEFAULT_URL, add_duration, add_wait_quiet
+from broker.perf.report import format_report, format_table, gate_failures, to_json
 from broker.perf.scenarios import SCENARIOS, Report, run_scenario
 
 __all__ = ["main", "run_suite"]
@@ -27,6 +27,7 @@ async def run_suite(
     counts: dict[str, int] | None = None,
     verbose: bool = False,
     wait_quiet_s: float = 0.0,
+    duration_s: float | None = None,
 ) -> list[list[Report]]:
     """reports[u][s] for URL u and scenario s. `counts` overrides a scenario's count."""
     pids = pids or [None] * len(urls)
@@ -44,6 +45,7 @@ async def run_suite(
                 pid=pid,
                 quick=quick,
                 wait_quiet_s=wait_quiet_s,
+                duration_s=duration_s,
             )
             if verbose:
                 print(format_report(report), flush=True)
@@ -60,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=1, help="repeat and report medians")
     parser.add_argument("--only", action="append", choices=sorted(SCENARIOS), help="repeatable")
     parser.add_argument("--out", help="also write the reports as JSON to this file")
+    add_duration(parser)
     add_wait_quiet(parser)
     args = parser.parse_args(argv)
     urls = args.url or [DEFAULT_URL]
@@ -70,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     only = [name for name in SCENARIOS if name in args.only] if args.only else None
     results = uvloop.run(
         run_suite(
-            urls, pids, args.quick, args.runs, only, verbose=True, wait_quiet_s=args.wait_quiet
+            urls, pids, args.quick, args.runs, only, verbose=True, wait_quiet_s=args.wait_quiet,
+            duration_s=args.duration,
         )
     )
     print()
@@ -78,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         with open(args.out, "w") as out:
             json.dump([to_json(r) for r in results], out, indent=2)
-    return 0
+    failed = gate_failures(results)
+    for line in failed:
+        print(f"GATE FAILED: {line}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

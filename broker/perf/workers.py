@@ -47,6 +47,7 @@ class PublisherSpec:
     rate: float = 0.0  # msg/s; 0 = as fast as the broker takes them
     wait_queue: str | None = None  # poll this queue's depth until `count` have landed
     batch_bytes: int = 65536
+    duration_s: float = 0.0  # steady state: publish for this long from "go", count ignored
 
 
 @dataclass(slots=True)
@@ -59,6 +60,7 @@ class ConsumerSpec:
     ack_every: int = 100
     consume_on_go: bool = False  # drain: start consuming only when told to
     timestamps: bool = True
+    duration_s: float = 0.0  # steady state: count deliveries for this long from "go"
 
 
 @dataclass(slots=True)
@@ -134,6 +136,8 @@ async def _publisher(pipe: Connection, spec: PublisherSpec) -> dict[str, Any]:
         await _ready_then_go(pipe, None, spec.timeout_s)
         cpu0, wall0 = time.process_time(), time.monotonic()
         t_start = time.monotonic_ns()
+        if spec.duration_s:
+            return await _publish_steady(client, batch, spec, cpu0, wall0)
         await _publish(client, batch, spec, deadline)
         t_written = time.monotonic_ns()
         # A round trip on the publishing channel: its reply comes after the broker has taken
@@ -160,7 +164,7 @@ async def _publisher(pipe: Connection, spec: PublisherSpec) -> dict[str, Any]:
             "blocked": client.blocked_count,
         }
     finally:
-        await client.close()
+        await client.close(0.0 if spec.duration_s else 5.0)
 
 
 def _check_deadline(deadline: float, what: str) -> None:
@@ -205,6 +209,57 @@ async def _publish(
         await client.drain()
         await asyncio.sleep(0)
     client.check_open()
+
+
+async def _publish_steady(
+    client: AmqpClient, batch: PublishBatch, spec: PublisherSpec, cpu0: float, wall0: float
+) -> dict[str, Any]:
+    """Publish as fast as the broker takes them (TCP back-pressure, connection.blocked and,
+    with confirms, at most max_inflight unconfirmed) until the window closes. The messages
+    left in socket buffers at the end are the broker's to read or drop: the orchestrator
+    deletes the queue and the connection closes without a round trip."""
+    t_start = time.monotonic_ns()
+    t_end = t_start + int(spec.duration_s * 1e9)
+    confirms = client.scanner.confirms
+    monotonic_ns = time.monotonic_ns
+    sent = 0
+    while True:
+        now = monotonic_ns()
+        if now >= t_end:
+            break
+        left = (t_end - now) / 1e9
+        if not client.unblocked.is_set():
+            try:
+                await asyncio.wait_for(client.unblocked.wait(), left)
+            except TimeoutError:
+                break
+            continue
+        n = batch.size
+        if spec.confirms:
+            room = spec.max_inflight - (sent - confirms.settled)
+            if room <= 0:
+                await client.progress(min(left, 1.0))
+                continue
+            n = min(n, room)
+        client.write(batch.stamp(n, now))
+        sent += n
+        if client.paused:
+            try:
+                await asyncio.wait_for(client.drain(), left)
+            except TimeoutError:
+                break
+        else:
+            await asyncio.sleep(0)
+    client.check_open()
+    return {
+        "published": sent,
+        "t_start": t_start,
+        "t_done": monotonic_ns(),
+        "cpu_share": _share(cpu0, wall0),
+        "confirmed": confirms.settled - confirms.nacked,
+        "nacked": confirms.nacked,
+        "blocked": client.blocked_count,
+    }
 
 
 async def _wait_depth(client: AmqpClient, queue: str, count: int, deadline: float) -> None:
@@ -281,6 +336,8 @@ async def _consumer(pipe: Connection, spec: ConsumerSpec) -> dict[str, Any]:
         t_go = time.monotonic_ns()
         if spec.consume_on_go:
             await subscribe()
+        if spec.duration_s:
+            return await _consume_steady(clients, consumers, spec.duration_s, t_go, cpu0, wall0)
         pending = [c.done for c in consumers] + [c.closed for c in clients]
         waiting = {c.done for c in consumers}
         while waiting:
@@ -309,6 +366,31 @@ async def _consumer(pipe: Connection, spec: ConsumerSpec) -> dict[str, Any]:
         }
     finally:
         await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+
+
+async def _consume_steady(
+    clients: list[AmqpClient],
+    consumers: list[_Consumer],
+    duration_s: float,
+    t_go: int,
+    cpu0: float,
+    wall0: float,
+) -> dict[str, Any]:
+    """Consume until the window closes; what arrived by then is the figure (deliveries and
+    their latencies), whatever the broker still holds."""
+    closed = [c.closed for c in clients]
+    finished, _ = await asyncio.wait(closed, timeout=duration_s)
+    for fut in finished:
+        fut.result()  # a connection the broker closed: raise its reason
+    t_end = time.monotonic_ns()
+    scanners = [c.client.scanner for c in consumers]
+    return {
+        "delivered": sum(s.delivered for s in scanners),
+        "t_go": t_go,
+        "t_last": t_end,
+        "latencies_ns": b"".join(s.latencies_ns.tobytes() for s in scanners),
+        "cpu_share": _share(cpu0, wall0),
+    }
 
 
 # -- idle connections ---------------------------------------------------------------------
