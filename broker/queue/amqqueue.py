@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from broker.flow.credit_flow import DEFAULT_CREDIT, CreditFlow
+from broker.flow.loop_ticks import TICKS
 from broker.flow.mailbox import Mailbox
 from broker.flow.memory_pressure import RateMeter
 from broker.message import Message
 from broker.protocol.properties import short_string
 from broker.queue import dead_letter as dlx
 from broker.queue.arguments import QueueArgs
-from broker.queue.consumer import Consumer
+from broker.queue.consumer import PROMPT_TICKS, Consumer
 from broker.queue.durability import QueueDurability
 from broker.queue.policy_args import AppliedPolicies, effective_arguments
 from broker.queue.priority_queue import PriorityQueue
@@ -39,6 +40,9 @@ log = structlog.get_logger("hare.queue")
 
 _WAKE = ("wake",)
 DELIVERY_BATCH = 1000  # deliveries per queue wake-up before yielding to the loop
+# Ready messages above which a queue whose consumers are waiting on it is busy: it then grants
+# its publishers credit only as fast as it delivers (see _grant_credit).
+BUSY_BACKLOG = 2 * DELIVERY_BATCH
 
 
 def _priority(consumer: Consumer) -> int:
@@ -96,6 +100,10 @@ class AMQQueue:
         # counters for management / metrics
         self.credit_flow = CreditFlow(self, *_credit(vhost))
         self._senders: set[Channel] = set()  # channels holding credit towards us
+        # publishes enqueued but not yet credited back to their channel (while busy)
+        self._held: dict[Channel, int] = {}
+        self._delivered_mark = 0  # `delivered` at the last credit decision
+        self._waited_tick = -PROMPT_TICKS - 1  # loop iteration a consumer last waited on us
         self.store_peers: tuple[Any, ...] = ()  # message stores we spend credit towards
         self.published = 0
         self.delivered = 0
@@ -148,6 +156,10 @@ class AMQQueue:
                 self._process(batch)
             except Exception:  # a bug must not silently kill the queue
                 log.exception("queue task error", queue=self.name)
+            if self._wake_pending:
+                # we asked for another turn (delivery budget used up, credit held back):
+                # it comes after the loop has gone round, writers flushed and readers read
+                await asyncio.sleep(0)
 
     def stop(self) -> None:
         """The queue is deleted: its durable state goes too."""
@@ -164,6 +176,7 @@ class AMQQueue:
         for ch in self._senders:
             ch.credit_flow.peer_down(self)
         self._senders.clear()
+        self._held.clear()
         for peer in self.store_peers:
             peer.credit_flow.peer_down(self)
         for timer in (self._ttl_timer, self._expiry_timer):
@@ -195,16 +208,70 @@ class AMQQueue:
             if item[0] == "pubs":
                 self._enqueue(item[1], item[2])
         self._deliver()
+        self._end_turn()
+        if self._held:
+            self._grant_credit()
+
+    def _end_turn(self) -> None:
         if self.durability is not None:
             self.durability.end_batch()
         if self._ttl_dirty:
             self._ttl_dirty = False
             self._arm_ttl()
 
+    # -- credit to publishing channels ------------------------------------------------------
+    def _grant_credit(self) -> None:
+        """Credit for the publishes enqueued so far goes back to their channels, after the
+        queue has had its chance to deliver. A queue is busy when a consumer waited on it in
+        the last PROMPT_TICKS loop iterations (it acked its latest deliveries at once: it is
+        served at the pace of the broker's loop, not its own) while BUSY_BACKLOG messages
+        are ready: then it favours delivery, as RabbitMQ's queue process does, and grants
+        only as many as it delivered since the last decision, so its publishers (credit
+        flow carries it up to their sockets) slow to the rate its consumers are served.
+        What it holds back it looks at again next iteration. Otherwise it grants all: for
+        consumers that are slow themselves, or none, a queue is a buffer."""
+        held = self._held
+        delivered = self.delivered - self._delivered_mark
+        self._delivered_mark = self.delivered
+        ack_many = self.credit_flow.ack_many
+        busy = (
+            TICKS.read() - self._waited_tick <= PROMPT_TICKS
+            and len(self.bq) >= BUSY_BACKLOG
+            and not self.deleted
+        )
+        if not busy:
+            for ch, n in held.items():
+                ack_many(ch, n)
+            held.clear()
+            return
+        for ch in list(held):
+            if not delivered:
+                break
+            n = held[ch]
+            if n > delivered:
+                held[ch] = n - delivered
+                ack_many(ch, delivered)
+                break
+            del held[ch]
+            ack_many(ch, n)
+            delivered -= n
+        if held:
+            self.wake()
+
+    def consumer_waiting(self) -> None:
+        """A consumer acked all it had been sent at once: it is waiting on this queue."""
+        self._waited_tick = TICKS.now
+
+    def sender_down(self, channel: Channel) -> None:
+        """A publishing channel is gone: forget what it was owed."""
+        self._held.pop(channel, None)
+        self.credit_flow.peer_down(channel)
+
     # -- publish ----------------------------------------------------------------------------
     def _enqueue(self, channel: Channel | None, items: list[tuple[Message, int]]) -> None:
-        if channel is not None:
-            self.credit_flow.ack_many(channel, len(items))
+        if channel is not None:  # credited back after the delivery pass: _grant_credit
+            held = self._held
+            held[channel] = held.get(channel, 0) + len(items)
             self._senders.add(channel)
         if self.deleted:
             return
@@ -380,6 +447,7 @@ class AMQQueue:
         n = len(consumers)
         idle = 0
         now = self._now
+        TICKS.read()  # deliveries note their loop iteration (Consumer.tick)
         durability = self.durability
         while bq and idle < n:
             budget -= 1
@@ -431,8 +499,14 @@ class AMQQueue:
             return entry, len(self.bq)
 
     def ack(self, seqs: Iterable[int]) -> None:
+        """The consumers' capacity freed by an ack is used at once: the next deliveries go
+        out in this loop iteration, not after a wake-up of the queue task."""
         self.acked += len(self.bq.ack(seqs))
-        self.wake()
+        if self.deleted:
+            return
+        self._now = time.monotonic()
+        self._deliver()
+        self._end_turn()
 
     def reject(self, seqs: list[int], requeue: bool) -> None:
         if requeue:

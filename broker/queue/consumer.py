@@ -13,9 +13,10 @@ if TYPE_CHECKING:
     from broker.queue.amqqueue import AMQQueue
     from broker.server.channel import Channel
 
-__all__ = ["Consumer"]
+__all__ = ["PROMPT_TICKS", "Consumer"]
 
 _OPEN = ChannelState.OPEN
+PROMPT_TICKS = 2
 
 
 class Consumer:
@@ -29,6 +30,8 @@ class Consumer:
         "queue",
         "tag",
         "tag_sstr",
+        "tick",
+        "tick_tag",
         "unacked",
     )
 
@@ -54,6 +57,11 @@ class Consumer:
         self.unacked = 0
         self.arguments = arguments or {}
         self.priority = priority  # x-priority: higher ones are served first
+        # the loop iteration (broker/flow/loop_ticks.py) of the latest deliveries to this
+        # consumer and the first delivery tag given in it: an ack that reaches it within
+        # an iteration or two came from a consumer that is waiting on the broker
+        self.tick = -1
+        self.tick_tag = 0
 
     def can_take(self) -> bool:
         """May the queue deliver to this consumer now: channel open and flowing, its writer
@@ -69,6 +77,13 @@ class Consumer:
             return False
         limit = ch.global_prefetch
         return not limit or ch.consumer_unacked < limit
+
+    def waiting_on_us(self, acked_tag: int, now_tick: int) -> bool:
+        """An ack of `acked_tag` says this consumer has been through everything it was sent
+        and is idle until the broker sends more: it acks its latest deliveries, and they went
+        out at most PROMPT_TICKS loop iterations ago (a consumer that is slow itself acks
+        old deliveries, or late)."""
+        return acked_tag >= self.tick_tag and now_tick - self.tick <= PROMPT_TICKS
 
     def __repr__(self) -> str:
         return f"<Consumer {self.tag!r} on {self.queue.name!r}>"

@@ -21,6 +21,7 @@ from pamqp import commands
 
 from broker.access import Pending
 from broker.flow.credit_flow import CreditFlow
+from broker.flow.loop_ticks import TICKS
 from broker.flow.mailbox import Mailbox
 from broker.message import Message
 from broker.protocol import frames
@@ -131,6 +132,7 @@ class Channel:
         self.returned = 0  # basic.return sent (metrics)
         self.last_queue = ""  # the queue last declared here: what an empty queue name means
         self._task: asyncio.Task[None] | None = None
+        self._answering = False  # the loop waits on an auth backend (_after_answer)
 
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -239,6 +241,19 @@ class Channel:
                           exc_info=exc)
             self._fail(ChannelError(INTERNAL_ERROR, f"internal error: {exc!r}"))
 
+    def ack_now(self, cmd: tuple[Any, ...]) -> bool:
+        """A basic.ack from the reader, handled at once when nothing waits before it (the
+        mailbox is empty and the loop is not waiting on an auth backend's answer), so AMQP's
+        per-channel order holds: the queue refills the consumer in the same loop iteration
+        instead of two task hops later. Returns False when it must go through the mailbox."""
+        if self.mailbox or self._answering or self.state is not _OPEN:
+            return False
+        try:
+            self._method(cmd[1])
+        except Exception as exc:  # an ack asks no auth backend: never Pending
+            self._on_error(exc)
+        return True
+
     def stop(self) -> None:
         """The connection is going: process what was received, then release everything."""
         self.mailbox.put(_STOP)
@@ -248,7 +263,7 @@ class Channel:
         try:
             self._release()
             for q in self._posted:
-                q.credit_flow.peer_down(self)
+                q.sender_down(self)
             self._posted.clear()
         finally:  # the reader waits for this before it closes the connection
             self.reader.channel_terminated(self)
@@ -687,6 +702,10 @@ class Channel:
             self.unacked[tag] = (queue, entry[0], consumer)
             consumer.unacked += 1
             self.consumer_unacked += 1
+            tick = TICKS.now  # the queue read the clock (so it runs) before delivering
+            if consumer.tick != tick:
+                consumer.tick = tick
+                consumer.tick_tag = tag
         w = self.writer
         w.note_queued(len(msg.body) + 64)
         w.send_many(
@@ -758,7 +777,11 @@ class Channel:
             self._tx_check(tag, multiple)
             self._tx_acks.append(("ack", tag, multiple, False))
             return
-        self._settle(self._take_unacked(tag, multiple), "ack", False)
+        records = self._take_unacked(tag, multiple)
+        queue, _, consumer = records[-1]
+        if consumer is not None and consumer.waiting_on_us(tag or self.next_tag, TICKS.read()):
+            queue.consumer_waiting()
+        self._settle(records, "ack", False)
 
     def _basic_ack(self, m: commands.Basic.Ack) -> None:
         self._on_ack(m.delivery_tag, m.multiple)

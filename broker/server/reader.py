@@ -63,6 +63,7 @@ log = structlog.get_logger("hare.connection")
 _CHANNEL_OPEN = (0x00140000 | 10).to_bytes(4, "big")
 _CHANNEL_CLOSE_OK = (0x00140000 | 41).to_bytes(4, "big")
 _PUBLISH = (0x003C0000 | 40).to_bytes(4, "big")
+_ACK = (0x003C0000 | 80).to_bytes(4, "big")
 _BODY_SIZE = struct.Struct(">Q")
 
 _ids = itertools.count(1)
@@ -551,6 +552,8 @@ class Reader(asyncio.Protocol):
             return
         if cmd[0] == "content":
             self._post_publish(ch, cmd)
+            return
+        if payload[:4] == _ACK and ch.ack_now(cmd):
             return
         ch.mailbox.put_quiet(cmd)
         self._touched.add(ch)
