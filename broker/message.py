@@ -103,13 +103,16 @@ class Message:
         msg_id: int = 0,
         address: bytes | None = None,
     ) -> None:
-        self.msg_id = msg_id or next_msg_id()
+        self.msg_id = msg_id or _BOOT | next(_counter)  # next_msg_id(), without the call
         self._address = address
         self.exchange = exchange
         self.routing_key = routing_key
         self.props = props
         self.body = body
-        self.persistent = parse_delivery_mode(props) == 2
+        # the delivery-mode flag bit first: most transient publishes set no property at all
+        self.persistent = (
+            len(props) >= 2 and props[0] & 0x10 != 0 and parse_delivery_mode(props) == 2
+        )
         # the decoded properties, kept while a publish is routed; the channel drops them
         # before the message is queued (a 128 KiB headers table decodes to some MiB)
         self.decoded: commands.Basic.Properties | None = None

@@ -235,8 +235,9 @@ class AMQQueue:
         self._delivered_mark = self.delivered
         ack_many = self.credit_flow.ack_many
         busy = (
-            TICKS.read() - self._waited_tick <= PROMPT_TICKS
+            self.consumers
             and len(self.bq) >= BUSY_BACKLOG
+            and TICKS.read() - self._waited_tick <= PROMPT_TICKS
             and not self.deleted
         )
         if not busy:
@@ -449,6 +450,8 @@ class AMQQueue:
         now = self._now
         TICKS.read()  # deliveries note their loop iteration (Consumer.tick)
         durability = self.durability
+        if durability is not None and not durability.persistent:
+            durability = None  # it records deliveries of durable queues only
         while bq and idle < n:
             budget -= 1
             if budget < 0:  # let the writers flush and other queues run, then go on

@@ -280,10 +280,22 @@ class VariableQueue:
 
     def ack(self, seq_ids: Iterable[int]) -> list[Message]:
         """Done with these pending messages: drop them and their disk copies."""
-        pending = self._pending
-        done = [st for st in (pending.pop(s, None) for s in seq_ids) if st is not None]
-        self._forget(done)
-        return [st.msg for st in done if st.msg is not None]
+        pop = self._pending.pop
+        msgs: list[Message] = []
+        acked: list[int] = []
+        for s in seq_ids:  # _forget's work in the same pass: this runs for every ack
+            st = pop(s, None)
+            if st is None:
+                continue
+            if st.on_index:
+                acked.append(st.seq_id)
+            if st.in_store:
+                self._store_for(st).remove(st.msg_id)
+            if st.msg is not None:
+                msgs.append(st.msg)
+        if acked:
+            self._index.ack(acked)
+        return msgs
 
     def drop_pending(self) -> list[Message]:
         """Ack everything pending (queue deletion)."""

@@ -706,9 +706,8 @@ class Channel:
             if consumer.tick != tick:
                 consumer.tick = tick
                 consumer.tick_tag = tag
-        w = self.writer
-        w.note_queued(len(msg.body) + 64)
-        w.send_many(
+        body = msg.body
+        self.writer.send_delivery(
             frames.encode_deliver(
                 self.number,
                 consumer.tag_sstr,
@@ -716,9 +715,10 @@ class Channel:
                 entry[2],
                 msg.address,
                 msg.props,
-                msg.body,
+                body,
                 self.frame_max,
-            )
+            ),
+            len(body),
         )
 
     def wake_queues(self) -> None:
@@ -736,13 +736,13 @@ class Channel:
             else:
                 if tag not in unacked:  # RabbitMQ's collect_acks: the tag itself must be known
                     raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-                while unacked:
-                    first = next(iter(unacked))
-                    if first > tag:
+                popitem = unacked.popitem
+                append = out.append
+                while True:  # tags are in order and `tag` is among them: pop up to it
+                    first, record = popitem(last=False)
+                    append(record)
+                    if first == tag:
                         break
-                    out.append(unacked.popitem(last=False)[1])
-                if not out:
-                    raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
             return out
         record = unacked.pop(tag, None)
         if record is None:
@@ -922,7 +922,26 @@ class Channel:
         )
 
     def _route(self, ex: Exchange, msg: Message, mandatory: bool, seq: int) -> None:
-        queues = self.vhost.route(ex, msg)
+        vhost = self.vhost
+        cc = may_have_cc(msg.props)
+        if ex is vhost.default_exchange and not cc:
+            # the default exchange to an existing queue, the commonest publish: one lookup
+            # into the batch, none of VHost.route's generality
+            q = vhost.queues.get(msg.routing_key)
+            if q is not None:
+                if msg.decoded is not None:
+                    msg.decoded = None  # queues keep the raw block only
+                items = self._batch.get(q)
+                if items is None:
+                    self._batch[q] = [(msg, seq)]
+                else:
+                    items.append((msg, seq))
+                if seq:
+                    self.unconfirmed[seq] = 1
+                return
+            queues: Any = ()
+        else:
+            queues = vhost.route(ex, msg)
         if not queues:
             if msg.routing_key.startswith(REPLY_PREFIX) and ex is self.vhost.default_exchange:
                 # a direct reply: handed to its channel, and still unroutable for the
@@ -952,7 +971,7 @@ class Channel:
                 self._schedule_confirms()
             return
         # raw-bytes test first: decoding every message's headers to look for BCC is not free
-        if may_have_cc(msg.props) and "BCC" in msg.headers:
+        if cc and "BCC" in msg.headers:
             msg = msg.with_props(rewrite_properties(msg.props, drop_headers=("BCC",)))
         batch = self._batch
         n = 0

@@ -607,7 +607,12 @@ class Reader(asyncio.Protocol):
         ch = self.channels.get(number)
         if ch is None or not self.assemblers[number].idle:
             return False
-        self._post_publish(ch, ("content", method, header[12:], body))
+        # _post_publish, inline: this runs for every publish
+        self.credit_flow.send(ch)
+        if self.alarm_blocked:
+            ch.published_since_alarm = True
+        ch.mailbox.put_quiet(("content", method, header[12:], body))
+        self._touched.add(ch)
         return True
 
     def _open_channel(self, number: int) -> None:
