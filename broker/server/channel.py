@@ -133,6 +133,8 @@ class Channel:
         self.last_queue = ""  # the queue last declared here: what an empty queue name means
         self._task: asyncio.Task[None] | None = None
         self._answering = False  # the loop waits on an auth backend (_after_answer)
+        self._last_publish = b""  # the last basic.publish payload, and what it decoded to
+        self._last_decoded: tuple[str, str, bool, bool, bytes] = ("", "", False, False, b"")
 
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -816,7 +818,13 @@ class Channel:
 
     # -- publishing -------------------------------------------------------------------------
     def _publish(self, method: bytes, props: bytes, body: bytes) -> None:
-        exchange, routing_key, mandatory, immediate, address = frames.decode_publish(method)
+        # a publisher repeats one exchange, key and flags: decode a method payload once
+        if method == self._last_publish:
+            exchange, routing_key, mandatory, immediate, address = self._last_decoded
+        else:
+            decoded = frames.decode_publish(method)
+            exchange, routing_key, mandatory, immediate, address = decoded
+            self._last_publish, self._last_decoded = method, decoded
         if immediate:
             raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true", (60, 40))
         ex = self.vhost.exchanges.get(exchange)

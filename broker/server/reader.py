@@ -62,9 +62,9 @@ log = structlog.get_logger("hare.connection")
 
 _CHANNEL_OPEN = (0x00140000 | 10).to_bytes(4, "big")
 _CHANNEL_CLOSE_OK = (0x00140000 | 41).to_bytes(4, "big")
-_PUBLISH = (0x003C0000 | 40).to_bytes(4, "big")
 _ACK = (0x003C0000 | 80).to_bytes(4, "big")
-_BODY_SIZE = struct.Struct(">Q")
+_CONTENT_HEAD = struct.Struct(">HHQ")  # class, weight, body size
+FRAME_PUBLISH = frames.FRAME_PUBLISH
 
 _ids = itertools.count(1)
 
@@ -126,7 +126,7 @@ class Reader(asyncio.Protocol):
         self.channel_max = node.settings.channel_max
         self.frame_max = node.settings.frame_max
         self.heartbeat = node.settings.heartbeat_s
-        self.cutter = frames.FrameCutter(FRAME_MIN_SIZE)
+        self.cutter = frames.FrameCutter(FRAME_MIN_SIZE, publishes=True)
         self.channels: dict[int, Channel] = {}
         self.assemblers: dict[int, CommandAssembler] = {}
         self._live: set[Channel] = set()  # channels whose task has not ended, numbered or not
@@ -136,7 +136,9 @@ class Reader(asyncio.Protocol):
         self._linger_s = 0.0
         self._half_close = False
         self._header_buf = b""
-        self._touched: set[Channel] = set()  # channels given commands in this chunk
+        # channels given commands in this chunk, and the publishes among them: credit is spent
+        # and each channel woken once per chunk
+        self._touched: dict[Channel, int] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._recv_activity = True
         self._missed = 0
@@ -207,9 +209,9 @@ class Reader(asyncio.Protocol):
                     if self._waiting is not None:  # the rest waits for the auth backend
                         self._held_for_auth = batch[i + 1:]
                         return
-                elif i + 2 < n and self._whole_publish(batch, i):
-                    i += 3
-                    continue
+                elif ftype == FRAME_PUBLISH:
+                    if not self._whole_publish(channel, payload):
+                        self._split_publish(channel, payload)
                 else:
                     self._channel_frame(ftype, channel, payload)
                 i += 1
@@ -224,7 +226,9 @@ class Reader(asyncio.Protocol):
             return
         finally:
             if touched:  # one wake-up per channel for everything this chunk carried
-                for ch in touched:
+                send_many = self.credit_flow.send_many
+                for ch, publishes in touched.items():
+                    send_many(ch, publishes)
                     ch.mailbox.notify()
                 touched.clear()
         self._throttle()
@@ -556,7 +560,7 @@ class Reader(asyncio.Protocol):
         if payload[:4] == _ACK and ch.ack_now(cmd):
             return
         ch.mailbox.put_quiet(cmd)
-        self._touched.add(ch)
+        self._touched.setdefault(ch, 0)
         if payload[:4] == _CHANNEL_CLOSE_OK:
             # RabbitMQ's post_process_frame: after the client's close-ok the number is free,
             # whatever the channel makes of it (a close-ok on an open channel is its error).
@@ -578,42 +582,41 @@ class Reader(asyncio.Protocol):
         raise ConnectionError_(CHANNEL_ERROR, f"expected 'channel.open' on channel {number}", ids)
 
     def _post_publish(self, ch: Channel, cmd: tuple[Any, ...]) -> None:
-        """A whole publish for a channel: one credit spent, woken at the end of the chunk."""
-        self.credit_flow.send(ch)
+        """A whole publish for a channel: one credit spent and the channel woken, both at the
+        end of the chunk."""
         if self.alarm_blocked:
             ch.published_since_alarm = True
         ch.mailbox.put_quiet(cmd)
-        self._touched.add(ch)
+        touched = self._touched
+        touched[ch] = touched.get(ch, 0) + 1
 
-    def _whole_publish(self, batch: list[tuple[int, int, bytes]], i: int) -> bool:
-        """Fast path: basic.publish + header + one body frame, all in this chunk, on an idle
-        open channel, become one command without three trips through the assembler."""
-        ftype, number, method = batch[i]
-        if ftype != FRAME_METHOD or not method.startswith(_PUBLISH):
-            return False
-        htype, hch, header = batch[i + 1]
-        btype, bch, body = batch[i + 2]
-        if (
-            htype != FRAME_HEADER
-            or btype != FRAME_BODY
-            or hch != number
-            or bch != number
-            or len(header) < 14
-            or not header.startswith(b"\x00\x3c")
-            or _BODY_SIZE.unpack_from(header, 4)[0] != len(body)
-            or self.state != OPENED
-        ):
+    def _whole_publish(self, number: int, cmd: tuple[str, bytes, bytes, bytes]) -> bool:
+        """Fast path: a publish the cutter found whole (FRAME_PUBLISH), on an idle open
+        channel, goes to the channel as it is, without three trips through the assembler."""
+        if self.state != OPENED:
             return False
         ch = self.channels.get(number)
         if ch is None or not self.assemblers[number].idle:
             return False
-        # _post_publish, inline: this runs for every publish
-        self.credit_flow.send(ch)
         if self.alarm_blocked:
             ch.published_since_alarm = True
-        ch.mailbox.put_quiet(("content", method, header[12:], body))
-        self._touched.add(ch)
+        ch.mailbox.put_quiet(cmd)
+        touched = self._touched
+        touched[ch] = touched.get(ch, 0) + 1  # credit spent at the end of the chunk
         return True
+
+    def _split_publish(self, number: int, cmd: tuple[str, bytes, bytes, bytes]) -> None:
+        """A whole publish the fast path declined goes frame by frame, to be judged (or
+        refused) as any other frames are."""
+        _, method, props, body = cmd
+        self._channel_frame(FRAME_METHOD, number, method)
+        if self.state >= CLOSING:
+            return
+        header = _CONTENT_HEAD.pack(60, 0, len(body)) + props
+        self._channel_frame(FRAME_HEADER, number, header)
+        if self.state >= CLOSING:
+            return
+        self._channel_frame(FRAME_BODY, number, body)
 
     def _open_channel(self, number: int) -> None:
         # channel_max limits how many channels are open at once, not their numbers (RabbitMQ:
@@ -906,7 +909,7 @@ class Reader(asyncio.Protocol):
         }
 
 
-def _no_fast_path(batch: list[tuple[int, int, bytes]], i: int) -> bool:
+def _no_fast_path(number: int, cmd: tuple[str, bytes, bytes, bytes]) -> bool:
     return False
 
 

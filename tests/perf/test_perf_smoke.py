@@ -63,3 +63,14 @@ async def test_quick_suite_reports_every_scenario(target: Target) -> None:
             continue
         assert report.median["published"] > 0, text
         assert report.median["delivered"] == report.median["published"], text
+
+
+async def test_alternating_runs_take_turns_and_merge(target: Target) -> None:
+    # the same broker twice: each URL's report carries both of its runs and their medians
+    reports = await run_suite([target.url, target.url], [target.pid, target.pid], quick=True,
+                              runs=2, scenarios=["publish-only"], counts={"publish-only": 500},
+                              alternate=True)
+    for (report,) in reports:
+        assert report.params["runs"] == 2 and len(report.runs) == 2
+        low, high = sorted(run["msg_s"] for run in report.runs)
+        assert low <= report.median["msg_s"] <= high
