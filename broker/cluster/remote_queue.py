@@ -138,6 +138,11 @@ class RemoteQueue:
         if link is not None and seqs:  # else the home node requeued them when the link went
             link.settle(self, op, list(seqs), requeue)
 
+    def consumer_waiting(self) -> None:
+        """A consumer here acked at once (docs/FLOW.md, busy queues). The home node's queue
+        is not told: across the link its consumers count as slow ones, whose queue grants
+        its publishers all their credit."""
+
     def ack(self, seqs: Iterable[int]) -> None:
         self._settle("ack", list(seqs))
 

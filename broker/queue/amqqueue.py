@@ -45,6 +45,21 @@ DELIVERY_BATCH = 1000  # deliveries per queue wake-up before yielding to the loo
 BUSY_BACKLOG = 2 * DELIVERY_BATCH
 
 
+class _QueueCredit(CreditFlow):
+    """A queue's credit flow, with the credit it holds back from busy publishers (see
+    AMQQueue._grant_credit): a sender that goes (`peer_down`) is owed none of it."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, owner: object, initial_credit: int, more_credit_after: int) -> None:
+        super().__init__(owner, initial_credit, more_credit_after)
+        self.held: dict[Any, int] = {}
+
+    def peer_down(self, peer: Any) -> None:
+        self.held.pop(peer, None)
+        super().peer_down(peer)
+
+
 def _priority(consumer: Consumer) -> int:
     return consumer.priority
 
@@ -98,10 +113,10 @@ class AMQQueue:
         self._now = 0.0  # monotonic time at the start of the current batch
         self._ttl_dirty = False
         # counters for management / metrics
-        self.credit_flow = CreditFlow(self, *_credit(vhost))
+        self.credit_flow = _QueueCredit(self, *_credit(vhost))
         self._senders: set[Channel] = set()  # channels holding credit towards us
-        # publishes enqueued but not yet credited back to their channel (while busy)
-        self._held: dict[Channel, int] = {}
+        # publishes enqueued but not yet credited back to their sender (while busy)
+        self._held: dict[Channel, int] = self.credit_flow.held
         self._delivered_mark = 0  # `delivered` at the last credit decision
         self._waited_tick = -PROMPT_TICKS - 1  # loop iteration a consumer last waited on us
         self.store_peers: tuple[Any, ...] = ()  # message stores we spend credit towards
@@ -262,11 +277,6 @@ class AMQQueue:
     def consumer_waiting(self) -> None:
         """A consumer acked all it had been sent at once: it is waiting on this queue."""
         self._waited_tick = TICKS.now
-
-    def sender_down(self, channel: Channel) -> None:
-        """A publishing channel is gone: forget what it was owed."""
-        self._held.pop(channel, None)
-        self.credit_flow.peer_down(channel)
 
     # -- publish ----------------------------------------------------------------------------
     def _enqueue(self, channel: Channel | None, items: list[tuple[Message, int]]) -> None:

@@ -265,7 +265,7 @@ class Channel:
         try:
             self._release()
             for q in self._posted:
-                q.sender_down(self)
+                q.credit_flow.peer_down(self)
             self._posted.clear()
         finally:  # the reader waits for this before it closes the connection
             self.reader.channel_terminated(self)
