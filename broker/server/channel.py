@@ -946,6 +946,8 @@ class Channel:
                     items.append((msg, seq))
                 if seq:
                     self.unconfirmed[seq] = 1
+                if mandatory:  # returned if the queue turns out unavailable
+                    self._mandatory[msg] = 1
                 return
             queues: Any = ()
         else:
