@@ -456,9 +456,11 @@ class AMQQueue:
         (negative: used up, a wake-up is queued)."""
         bq = self.bq
         n = len(consumers)
+        TICKS.read()  # deliveries note their loop iteration (Consumer.tick)
+        if n == 1:
+            return self._deliver_alone(consumers[0], budget)
         idle = 0
         now = self._now
-        TICKS.read()  # deliveries note their loop iteration (Consumer.tick)
         durability = self.durability
         if durability is not None and not durability.persistent:
             durability = None  # it records deliveries of durable queues only
@@ -490,6 +492,47 @@ class AMQQueue:
             consumers.rotate(-1)
             idle = 0
         return budget
+
+    def _deliver_alone(self, c: Consumer, budget: int) -> int:
+        """_deliver_to for one consumer (the commonest case, and every single active
+        consumer): nobody to take turns with, so what it may take is asked once
+        (`Consumer.room`) and counted down. Returns the budget left, as _deliver_to."""
+        room = c.room(budget)
+        if not room:
+            return budget
+        bq = self.bq
+        ch = c.channel
+        writer = ch.writer
+        deliver = ch.deliver
+        ack_required = not c.no_ack
+        now = self._now
+        durability = self.durability
+        if durability is not None and not (durability.persistent and ack_required):
+            durability = None  # it records acked deliveries of durable queues only
+        spent = given = 0
+        while bq and given < room and spent < budget:
+            if writer.full:  # past 1 MiB: the rest once it is written (on_resume wakes us)
+                break
+            spent += 1
+            entry = bq.fetch(ack_required)
+            if entry is None:  # nothing readable was left
+                break
+            # an expired message leaves, unless it cannot be dead-lettered (see _deliver_to)
+            if entry[3] and entry[3] < now and self._dead_letter(entry[1], dlx.EXPIRED):
+                if ack_required:
+                    bq.ack((entry[0],))
+                continue
+            if durability is not None and entry[1].persistent:
+                durability.delivered(entry[0])
+            deliver(c, self, entry)
+            given += 1
+            if entry[2]:
+                self.redelivered += 1
+        self.delivered += given
+        if spent == budget and bq:  # let the writers flush and other queues run, then go on
+            self.wake()
+            return -1
+        return budget - spent
 
     # -- synchronous operations (called by channels) ----------------------------------------
     def get(self, ack_required: bool) -> tuple[Entry, int] | None:

@@ -78,6 +78,22 @@ class Consumer:
         limit = ch.global_prefetch
         return not limit or ch.consumer_unacked < limit
 
+    def room(self, limit: int) -> int:
+        """How many deliveries, up to `limit`, this consumer may take now: `can_take`'s
+        checks once for a run of deliveries to it alone (its writer filling up meanwhile is
+        for the caller to watch)."""
+        ch = self.channel
+        w = ch.writer
+        if w.paused or w.full or ch.state is not _OPEN or not ch.flow_active:
+            return 0
+        if self.no_ack:
+            return limit
+        if self.prefetch:
+            limit = min(limit, self.prefetch - self.unacked)
+        if ch.global_prefetch:
+            limit = min(limit, ch.global_prefetch - ch.consumer_unacked)
+        return max(limit, 0)
+
     def waiting_on_us(self, acked_tag: int, now_tick: int) -> bool:
         """An ack of `acked_tag` says this consumer has been through everything it was sent
         and is idle until the broker sends more: it acks its latest deliveries, and they went

@@ -115,3 +115,24 @@ def test_single_active_consumer_basic_get(pika_conns):
                          arguments={"x-single-active-consumer": True}).method.queue
     ch.basic_publish("", q, b"got")
     assert ch.basic_get(q, auto_ack=True)[2] == b"got"
+
+
+def test_lone_consumer_gets_a_backlog_larger_than_one_delivery_batch(pika_conns):
+    # a queue delivers DELIVERY_BATCH (1000) per turn, then must queue itself another turn;
+    # a lone consumer that never acks (no_ack, or a prefetch above the batch) sends nothing
+    # that would start one
+    c = pika_conns()
+    setup = c.channel()
+    q1 = setup.queue_declare("", exclusive=True).method.queue
+    q2 = setup.queue_declare("", exclusive=True).method.queue
+    for _ in range(2500):
+        setup.basic_publish("", q1, b"x")
+        setup.basic_publish("", q2, b"y")
+    no_ack, big_window = c.channel(), c.channel()
+    big_window.basic_qos(prefetch_count=3000)
+    inbox = Inbox()
+    inbox.consume(no_ack, q1, "no-ack", auto_ack=True)
+    inbox.consume(big_window, q2, "window")
+    inbox.wait([c], 5000)
+    assert inbox.bodies("no-ack") == [b"x"] * 2500
+    assert inbox.bodies("window") == [b"y"] * 2500
