@@ -95,7 +95,10 @@ async def run(
     size: int,
     prefetch: int = 1000,
     ack_every: int = 100,
+    stall: tuple[int, int] = (0, 0),
 ) -> dict[str, Any]:
+    """`stall` = (after this many deliveries, this many iterations): the consumer stops
+    acking for a while once, as a client process that the machine descheduled."""
     settings = Settings(data_dir=data_dir, port=0, management_port=0, heartbeat_s=0)
     node = Node(settings)
     await node.start()
@@ -131,7 +134,10 @@ async def run(
                 pub.data_received(read if n == per_read else one * n)
                 sent += n
                 reads += 1
-            data = ct.take()
+            stalled = stall[1] and scanner.delivered >= stall[0] and stall[1] > 0
+            if stalled:
+                stall = (stall[0], stall[1] - 1)
+            data = b"" if stalled else ct.take()
             if data:
                 scanner.feed(data)
                 tag = scanner.last_tag.get(1, 0)

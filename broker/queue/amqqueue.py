@@ -24,7 +24,7 @@ from broker.message import Message
 from broker.protocol.properties import short_string
 from broker.queue import dead_letter as dlx
 from broker.queue.arguments import QueueArgs
-from broker.queue.consumer import PROMPT_TICKS, Consumer
+from broker.queue.consumer import Consumer
 from broker.queue.durability import QueueDurability
 from broker.queue.policy_args import AppliedPolicies, effective_arguments
 from broker.queue.priority_queue import PriorityQueue
@@ -43,6 +43,9 @@ DELIVERY_BATCH = 1000  # deliveries per queue wake-up before yielding to the loo
 # Ready messages above which a queue whose consumers are waiting on it is busy: it then grants
 # its publishers credit only as fast as it delivers (see _grant_credit).
 BUSY_BACKLOG = 2 * DELIVERY_BATCH
+# How long a queue stays busy after a consumer last waited on it: a fast consumer that stalls
+# for a moment (its process descheduled) still holds its publishers back meanwhile.
+BUSY_HOLD_S = 0.25
 
 
 class _QueueCredit(CreditFlow):
@@ -118,7 +121,8 @@ class AMQQueue:
         # publishes enqueued but not yet credited back to their sender (while busy)
         self._held: dict[Channel, int] = self.credit_flow.held
         self._delivered_mark = 0  # `delivered` at the last credit decision
-        self._waited_tick = -PROMPT_TICKS - 1  # loop iteration a consumer last waited on us
+        self._waited_at = -BUSY_HOLD_S  # monotonic time a consumer last waited on us
+        self._hold_timer: asyncio.TimerHandle | None = None  # re-examines held credit
         self.store_peers: tuple[Any, ...] = ()  # message stores we spend credit towards
         self.published = 0
         self.delivered = 0
@@ -194,7 +198,7 @@ class AMQQueue:
         self._held.clear()
         for peer in self.store_peers:
             peer.credit_flow.peer_down(self)
-        for timer in (self._ttl_timer, self._expiry_timer):
+        for timer in (self._ttl_timer, self._expiry_timer, self._hold_timer):
             if timer is not None:
                 timer.cancel()
         if self._task is not None and self._task is not asyncio.current_task():
@@ -236,23 +240,25 @@ class AMQQueue:
 
     # -- credit to publishing channels ------------------------------------------------------
     def _grant_credit(self) -> None:
-        """Credit for the publishes enqueued so far goes back to their channels, after the
-        queue has had its chance to deliver. A queue is busy when a consumer waited on it in
-        the last PROMPT_TICKS loop iterations (it acked its latest deliveries at once: it is
-        served at the pace of the broker's loop, not its own) while BUSY_BACKLOG messages
-        are ready: then it favours delivery, as RabbitMQ's queue process does, and grants
-        only as many as it delivered since the last decision, so its publishers (credit
-        flow carries it up to their sockets) slow to the rate its consumers are served.
-        What it holds back it looks at again next iteration. Otherwise it grants all: for
-        consumers that are slow themselves, or none, a queue is a buffer."""
+        """Credit for the publishes enqueued so far goes back to their senders, after the
+        queue has had its chance to deliver (end of a turn, and after an ack's refill). A
+        queue is busy while BUSY_BACKLOG messages are ready and a consumer waited on it in
+        the last BUSY_HOLD_S (it acked its latest deliveries within PROMPT_TICKS loop
+        iterations: it is served at the pace of the broker's loop, not its own). Then it
+        favours delivery, as RabbitMQ's queue process does, and grants only as many as it
+        delivered since the last decision, so its publishers (credit flow carries it up to
+        their sockets) slow to the rate its consumers are served; what it keeps back it pays
+        with later deliveries, or all of it once the hold has passed. Otherwise it grants
+        all: for consumers that are slow themselves, or none, a queue is a buffer."""
         held = self._held
         delivered = self.delivered - self._delivered_mark
         self._delivered_mark = self.delivered
         ack_many = self.credit_flow.ack_many
+        until = self._waited_at + BUSY_HOLD_S
         busy = (
             self.consumers
             and len(self.bq) >= BUSY_BACKLOG
-            and TICKS.read() - self._waited_tick <= PROMPT_TICKS
+            and self._now < until
             and not self.deleted
         )
         if not busy:
@@ -271,12 +277,18 @@ class AMQQueue:
             del held[ch]
             ack_many(ch, n)
             delivered -= n
-        if held:
+        if held and self._hold_timer is None:  # nothing delivered by then: pay it all
+            loop = asyncio.get_running_loop()
+            self._hold_timer = loop.call_at(loop.time() + until - self._now, self._hold_over)
+
+    def _hold_over(self) -> None:
+        self._hold_timer = None
+        if self._held and not self.deleted:
             self.wake()
 
     def consumer_waiting(self) -> None:
         """A consumer acked all it had been sent at once: it is waiting on this queue."""
-        self._waited_tick = TICKS.now
+        self._waited_at = time.monotonic()
 
     # -- publish ----------------------------------------------------------------------------
     def _enqueue(self, channel: Channel | None, items: list[tuple[Message, int]]) -> None:
@@ -563,6 +575,8 @@ class AMQQueue:
         self._now = time.monotonic()
         self._deliver()
         self._end_turn()
+        if self._held:
+            self._grant_credit()
 
     def reject(self, seqs: list[int], requeue: bool) -> None:
         if requeue:

@@ -28,3 +28,14 @@ async def test_a_busy_queue_slows_its_publisher_to_its_consumer(tmp_path: Path) 
     r = await run(tmp_path, 20_000, PER_READ, 256, prefetch=100, ack_every=10)
     assert r["depth_max"] <= BUSY_BACKLOG + 2 * PER_READ, r["depth_max"]
     assert r["depth_mean"] >= BUSY_BACKLOG / 2, r["depth_mean"]  # and the consumer never starved
+
+
+async def test_a_consumer_that_stalls_a_moment_still_holds_its_publisher_back(
+    tmp_path: Path,
+) -> None:
+    # the consumer's process is descheduled for 40 iterations: it acks nothing, the queue
+    # delivers nothing, and its publisher gets no credit meanwhile (BUSY_HOLD_S), so the
+    # backlog stays where it was instead of growing by ~425 per iteration (~17,000)
+    r = await run(tmp_path, 30_000, PER_READ, 256, prefetch=100, ack_every=10,
+                  stall=(10_000, 40))
+    assert r["depth_max"] <= BUSY_BACKLOG + 2 * PER_READ, r["depth_max"]
