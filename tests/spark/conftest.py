@@ -16,6 +16,8 @@ import pytest
 
 from tests.mgmt.helpers import MgmtBroker
 
+JAVA_MISSING = "Java not found (neither $JAVA_HOME/bin/java nor java on PATH): Spark needs Java 17"
+
 
 def java_found() -> bool:
     home = os.environ.get("JAVA_HOME")
@@ -27,7 +29,7 @@ def java_found() -> bool:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     if not java_found():
-        pytest.skip("Java not found")
+        pytest.skip(JAVA_MISSING)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"

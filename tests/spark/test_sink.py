@@ -64,16 +64,22 @@ def test_batch_write_publishes_every_row_confirmed(spark, hare) -> None:
     assert {m.group(2) for m in parts if m} == {"0", "1"}
 
 
-def test_message_id_column_wins_and_binary_body(spark, hare) -> None:
+def test_message_id_and_exchange_columns_win_and_binary_body(spark, hare) -> None:
     declare(hare.url, "sink-ids", "sink-ids-q")
-    df = spark.createDataFrame([(b"\x00\x01", "k", "mine-1"), (b"\x02", "k", None)],
-                               "body binary, routing_key string, message_id string")
+    declare(hare.url, "sink-ids-other", "sink-ids-other-q")
+    df = spark.createDataFrame(
+        [(b"\x00\x01", "k", "mine-1", None), (b"\x02", "k", None, None),
+         (b"\x03", "k", None, "sink-ids-other")],
+        "body binary, routing_key string, message_id string, exchange string")
     df.coalesce(1).write.format("amqp").option("url", hare.url).option(
         "exchange", "sink-ids").option("persistent", "false").mode("append").save()
+    # A null exchange falls back to the option; a row's own exchange wins over it.
     got = {body: p for _, p, body in drain(hare.url, "sink-ids-q", 2)}
     assert got[b"\x00\x01"].message_id == "mine-1"
     assert re.fullmatch(r"[0-9a-f]{12}-0-1", got[b"\x02"].message_id)
     assert got[b"\x02"].delivery_mode == 1
+    [(_, other, body)] = drain(hare.url, "sink-ids-other-q", 1)
+    assert body == b"\x03" and re.fullmatch(r"[0-9a-f]{12}-0-2", other.message_id)
 
 
 def test_unroutable_message_fails_the_write(spark, hare) -> None:

@@ -93,6 +93,32 @@ def test_reader_hands_batches_over_and_acks_them_once_committed(hare) -> None:
     wait_for(lambda: counts(hare, queue) == (10, 0, 0), what="last batch requeued")
 
 
+def test_poll_timeout_is_how_long_a_batch_waits_for_its_first_message(hare) -> None:
+    queue = "src-poll"
+    publish(hare.url, queue, ())  # declared, empty
+    quick = AmqpStreamReader(SourceOptions.parse(
+        {"url": hare.url, "queue": queue, "pollTimeoutMs": "0"}))
+    rows, end = quick.read({"seq": 0})
+    assert end == {"seq": 0} and list(rows) == []  # nothing came: no batch
+    del quick
+    gc.collect()  # its consumer goes, so the message below can only go to the patient one
+    wait_for(lambda: counts(hare, queue) == (0, 0, 0), what="quick reader closed")
+    patient = AmqpStreamReader(SourceOptions.parse(
+        {"url": hare.url, "queue": queue, "pollTimeoutMs": "60000"}))
+    # Published while the reader waits: the same read returns it.
+    later = threading.Timer(0.5, publish, (hare.url, queue, [b"late"]))
+    later.start()
+    try:
+        rows, end = patient.read({"seq": 0})
+    finally:
+        later.join()
+    assert end == {"seq": 1}
+    assert next(rows).column("body").to_pylist() == [b"late"]
+    del patient, rows
+    gc.collect()
+    wait_for(lambda: counts(hare, queue) == (1, 0, 0), what="uncommitted batch requeued")
+
+
 def test_columns_and_batches(spark, hare, tmp_path: Path) -> None:
     queue = "src-columns"
     stamp = 1_700_000_000

@@ -195,10 +195,15 @@ async def test_where_each_body_is_and_the_queue_names(spark, tmp_path) -> None:
         await ch.declare_queue("q", durable=True)
         for i, size in enumerate([10, 9000]):
             await ch.default_exchange.publish(message("q", i, size), routing_key="q")
+        await ch.declare_queue("q2", durable=True)
+        await ch.default_exchange.publish(message("q2", 0, 10), routing_key="q2")
         await conn.close()
     finally:
         b.stop()
-    got = read(spark, b.data_dir).orderBy("seq_id").collect()
+    df = read(spark, b.data_dir)
+    assert df.rdd.getNumPartitions() == 2  # one per queue index segment
+    assert df.where("queue = 'q2'").count() == 1
+    got = df.where("queue = 'q'").orderBy("seq_id").collect()
     assert [(r.vhost, r.queue, r.seq_id, r.size, r.exchange, r.routing_key) for r in got] == [
         ("/", "q", 0, 10, "", "q"), ("/", "q", 1, 9000, "", "q")]
     small, big = got
