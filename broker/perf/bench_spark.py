@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=100_000)
     parser.add_argument("--sink-count", type=int, default=50_000)
     parser.add_argument("--size", type=int, default=100, help="body bytes")
-    parser.add_argument("--batch", type=int, default=10000, help="maxMessagesPerBatch")
+    parser.add_argument("--batch", type=int, default=30000,
+                        help="maxMessagesPerBatch (the source's default)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--only", choices=("source", "sink"))
     args = parser.parse_args(argv)

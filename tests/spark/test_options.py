@@ -13,7 +13,7 @@ URL = "amqp://guest:guest@127.0.0.1:5672/"
 
 def test_source_defaults() -> None:
     opts = SourceOptions.parse({"url": URL, "queue": "q"})
-    assert (opts.max_messages_per_batch, opts.prefetch, opts.poll_timeout_ms) == (10000, 20000, 500)
+    assert (opts.max_messages_per_batch, opts.prefetch, opts.poll_timeout_ms) == (30000, 60000, 500)
     # Spark hands the keys over in lower case
     opts = SourceOptions.parse({"url": URL, "queue": "q", "maxmessagesperbatch": "10"})
     assert opts.prefetch == 20
