@@ -128,8 +128,8 @@ def start_query(spark, url: str, out: Path):
     def store_and_publish(batch, batch_id: int) -> None:
         batch = batch.withColumn("batch_id", F.lit(batch_id)).persist()
         batch.write.mode("append").parquet(str(out / "totals"))
-        # The message id names batch, key and minute: a replayed batch repeats it, so a
-        # consumer can tell a duplicate from an update.
+        # Each total is the running total of its key and minute, so a consumer keeps the one
+        # of the highest batch; the message id names batch, key and minute.
         (batch.select(F.to_json(F.struct("routing_key", "minute", "orders", "amount"))
                       .alias("body"),
                       F.concat_ws("/", "batch_id", "routing_key", "minute").alias("message_id"),
