@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docker.podman import ROOT, build_image, podman, unique, unusable
+from tests.docker.podman import ROOT, build_image, compose_unusable, podman, unique, unusable
 
 # The image users ran before this one: a data volume it wrote must be recovered by the image
 # built now. The last commit before the image was built in CI (store and definitions formats
@@ -22,6 +22,13 @@ OLDER_IMAGE_COMMIT = "f0525f56c06d14e53af5a3de70b3e99a4e0cba79"
 @pytest.fixture(scope="session")
 def podman_ready() -> None:
     reason = unusable()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def compose_ready(podman_ready: None) -> None:
+    reason = compose_unusable()
     if reason is not None:
         pytest.skip(reason)
 

@@ -46,11 +46,16 @@ def unusable() -> str | None:
     """Why podman cannot run containers on this machine, or None when it can."""
     if shutil.which("podman") is None:
         return "podman is not installed (.ci/run installs podman, runc and podman-compose)"
-    if shutil.which("podman-compose") is None:
-        return "podman-compose is not installed (.ci/run installs it)"
     done = subprocess.run(["podman", "info"], capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
         return f"podman cannot run here: {done.stderr.strip()[-500:]}"
+    return None
+
+
+def compose_unusable() -> str | None:
+    """Why podman-compose cannot run the compose files here, or None when it can."""
+    if shutil.which("podman-compose") is None:
+        return "podman-compose is not installed (.ci/run installs it)"
     return None
 
 
@@ -231,8 +236,9 @@ def assert_stopped_cleanly(broker: Broker, stops: int) -> None:
     """Exit code 0 (not 137: SIGKILL after the grace period) and the broker's own last line."""
     state = inspect(broker.container)["State"]
     assert state["Running"] is False and state["ExitCode"] == 0, state
-    events = [event["event"] for event in json_events(logs(broker.container))]
-    assert events[-1] == "broker stopped", events[-5:]
+    lines = json_events(logs(broker.container))
+    events = [line["event"] for line in lines]
+    assert events[-1] == "broker stopped", lines[-5:]  # whole lines: what came after, and why
     assert events.count("broker stopped") == stops, events
 
 

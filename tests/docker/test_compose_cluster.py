@@ -27,7 +27,8 @@ from tests.docker.podman import (
     wait_for,
 )
 
-pytestmark = pytest.mark.timeout(900)  # the first test sets up the session's image build
+# the first test sets up the session's image build; podman-compose runs the files
+pytestmark = [pytest.mark.timeout(900), pytest.mark.usefixtures("compose_ready")]
 
 CLUSTER_FILE = DOCKER / "compose.cluster.yaml"
 NODES = {"hare-1": "_1", "hare-2": "_2", "hare-3": "_3"}  # service: its port variables' suffix

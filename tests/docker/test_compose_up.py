@@ -21,7 +21,8 @@ from tests.docker.podman import (
     stop_grace_s,
 )
 
-pytestmark = pytest.mark.timeout(900)  # the first test sets up the session's image build
+# the first test sets up the session's image build; podman-compose runs the files
+pytestmark = [pytest.mark.timeout(900), pytest.mark.usefixtures("compose_ready")]
 
 QUEUE = "deploy-durable"
 

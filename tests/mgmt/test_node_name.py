@@ -1,0 +1,41 @@
+"""A single node's name from `--node-name` or HARE_NODE_NAME (not only a cluster's): what the
+management API and the durable queues report, kept across restarts whatever the hostname (a
+re-created container has a new one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pika
+
+from tests.mgmt.helpers import MgmtBroker
+
+
+def _names(b: MgmtBroker) -> tuple[str, str, str]:
+    """The node's name as /api/nodes, /api/overview and the queue's `node` give it."""
+    [node] = b.get("/api/nodes")
+    return node["name"], b.get("/api/overview")["node"], b.get("/api/queues/%2F/kept")["node"]
+
+
+def test_node_name_from_the_flag_then_the_variable(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    b = MgmtBroker(data, ["--node-name", "hare@flag"]).start()
+    try:
+        connection = pika.BlockingConnection(pika.URLParameters(b.url))
+        channel = connection.channel()
+        channel.queue_declare("kept", durable=True)
+        channel.basic_publish("", "kept", b"m", pika.BasicProperties(delivery_mode=2))
+        connection.close()
+        assert _names(b) == ("hare@flag",) * 3
+    finally:
+        assert b.stop() == 0
+
+    b = MgmtBroker(data)
+    b.env = {"HARE_NODE_NAME": "hare@variable"}
+    b.start()
+    try:
+        # the same data directory under another name: its queues and messages are this node's
+        assert _names(b) == ("hare@variable",) * 3
+        assert b.get("/api/queues/%2F/kept")["messages"] == 1
+    finally:
+        assert b.stop() == 0
