@@ -886,6 +886,15 @@ class Reader(asyncio.Protocol):
     def _peer(self) -> str:
         return f"{self.peer[0]}:{self.peer[1]}"
 
+    def _state_name(self) -> str:
+        """RabbitMQ's: flow (credit), blocked (not read), blocking (an alarm is on and the
+        connection has not published since: it will be blocked at its next publish)."""
+        if self.blocked_by_credit:
+            return "flow"
+        if self._paused_reading:
+            return "blocked"
+        return "blocking" if self.alarm_blocked else "running"
+
     def info(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -894,9 +903,7 @@ class Reader(asyncio.Protocol):
             "user": self.user,
             "vhost": self.vhost.name if self.vhost else None,
             "channels": len(self.channels),
-            "state": "flow"
-            if self.blocked_by_credit
-            else ("blocked" if self._paused_reading else "running"),
+            "state": self._state_name(),
             "flow_pauses": self.flow_pauses,
             "content_held": self.content_held,
             "content_budget_pauses": self.budget_pauses,

@@ -10,6 +10,9 @@ from pathlib import Path
 import pika
 import pika.exceptions
 import pytest
+from pamqp import commands
+
+from tests.amqp_raw import RawClient
 
 from .helpers import MgmtBroker
 
@@ -133,5 +136,15 @@ def test_alarm_checks_fail_with_503_while_an_alarm_is_in_effect(tmp_path: Path) 
             "status": "failed", "reason": "There are alarms in effect in the cluster",
             "alarms": alarms})
         assert check("/api/health/checks/virtual-hosts")[0] == 200
+        # a connection is "blocking" until it publishes under the alarm, then "blocked"
+        c = RawClient(b.port)
+        c.handshake()
+        c.open_channel(1)
+        assert [x["state"] for x in b.get("/api/connections")] == ["blocking"]
+        c.send_method(1, commands.Basic.Publish(exchange="", routing_key="nowhere"))
+        c.send_content(1, b"x")
+        c.expect(commands.Connection.Blocked, 0)
+        assert [x["state"] for x in b.get("/api/connections")] == ["blocked"]
+        c.close()
     finally:
         b.stop()
