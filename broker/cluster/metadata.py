@@ -51,6 +51,17 @@ class _Named:
         self.name = name
 
 
+class _Claims:
+    """One key's claims on this node, one at a time: a second declare of the same name here
+    waits until the first has made its object, then meets it as the winner. While a claim's
+    answer is outstanding, the watch's events for the key wait for it too."""
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+        self.held: list[tuple[KeyValue, bool]] | None = None  # a list while a claim is out
+
+
 def _dumps(record: dict[str, Any]) -> str:
     return json.dumps(record, sort_keys=True, separators=(",", ":"))
 
@@ -68,7 +79,7 @@ class ClusterMetadata:
         self._writer: asyncio.Task[None] | None = None
         self._claimed: dict[str, str] = {}  # key -> value we already wrote by a claim
         self._own: dict[str, int] = {}  # key -> revision of our last write to it
-        self._claiming: dict[str, list[tuple[KeyValue, bool]]] = {}  # events held back
+        self._claims: dict[str, _Claims] = {}
         self.writable = True  # False while etcd refuses or cannot be reached
 
     # -- local changes -> etcd --------------------------------------------------------------
@@ -183,36 +194,48 @@ class ClusterMetadata:
         """Create the record if its key is free: None when we won, else the winner's record
         (applied here before returning)."""
         key = self.prefix + record_key(family, parts)
-        value = _dumps(record)
-        # the watch may bring this key's event before the answer: it waits for the claim
-        self._claiming[key] = []
+        claims = self._claims.setdefault(key, _Claims())
+        claims.users += 1
         try:
-            try:
-                result = await self.etcd.txn([Etcd.absent(key)], [Etcd.op_put(key, value)],
-                                             [Etcd.op_get(key)])
-            except EtcdUnavailable as exc:
-                self.writable = False
-                raise MetadataUnavailable() from exc
-            self.writable = True
-            if result.succeeded:
-                self._claimed[key] = value
-                self._own[key] = result.revision
-                return None
-            if not result.kvs:
-                return None  # deleted meanwhile: ours is as good as any
-            winner: dict[str, Any] = json.loads(result.kvs[0].value)
-            with self.quiet():
-                BY_NAME[family].apply(self.node, parts, winner)
-            return winner
+            async with claims.lock:
+                claims.held = []
+                try:
+                    return await self._claim(key, family, parts, record)
+                finally:
+                    held, claims.held = claims.held, None
+                    for kv, deleted in held:
+                        self.apply_event(kv, deleted)
         finally:
-            for kv, deleted in self._claiming.pop(key, []):
-                self.apply_event(kv, deleted)
+            claims.users -= 1
+            if not claims.users:
+                del self._claims[key]
+
+    async def _claim(self, key: str, family: str, parts: tuple[str, ...],
+                     record: dict[str, Any]) -> dict[str, Any] | None:
+        value = _dumps(record)
+        try:
+            result = await self.etcd.txn([Etcd.absent(key)], [Etcd.op_put(key, value)],
+                                         [Etcd.op_get(key)])
+        except EtcdUnavailable as exc:
+            self.writable = False
+            raise MetadataUnavailable() from exc
+        self.writable = True
+        if result.succeeded:
+            self._claimed[key] = value
+            self._own[key] = result.revision
+            return None
+        if not result.kvs:
+            return None  # deleted meanwhile: ours is as good as any
+        winner: dict[str, Any] = json.loads(result.kvs[0].value)
+        with self.quiet():
+            BY_NAME[family].apply(self.node, parts, winner)
+        return winner
 
     # -- etcd -> local state ----------------------------------------------------------------
     def apply_event(self, kv: KeyValue, deleted: bool) -> None:
-        waiting = self._claiming.get(kv.key)
-        if waiting is not None:
-            waiting.append((kv, deleted))
+        claims = self._claims.get(kv.key)
+        if claims is not None and claims.held is not None:
+            claims.held.append((kv, deleted))  # its claim's answer comes first
             return
         if not deleted and self._own.get(kv.key) == kv.mod_revision:
             return  # our own write, applied when we made it

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import aio_pika
 import pytest
-from aiormq.exceptions import ChannelPreconditionFailed
+from aiormq.exceptions import ChannelLockedResource, ChannelPreconditionFailed
 
 from .helpers import ClusterNode, EtcdProc, wait_for
 
@@ -91,6 +91,41 @@ async def test_racing_declares_one_wins(pair: tuple[ClusterNode, ClusterNode]) -
     finally:
         await ca.close()
         await cb.close()
+
+
+async def test_racing_exclusive_declares_on_one_node(
+        pair: tuple[ClusterNode, ClusterNode]) -> None:
+    """Two connections of one node declare the same exclusive queue at once: one owns it,
+    the other gets 405 as on a single node (the loser's view of the winner's record must not
+    create the queue without its owner)."""
+    a, _ = pair
+    c1, c2 = await aio_pika.connect(a.url), await aio_pika.connect(a.url)
+    try:
+        for round_ in range(20):
+            name = f"xrace.{round_}"
+
+            async def declare(conn: aio_pika.abc.AbstractConnection,
+                              name: str = name) -> aio_pika.abc.AbstractChannel | None:
+                ch = await conn.channel()
+                try:
+                    await ch.declare_queue(name, exclusive=True)
+                except ChannelLockedResource:
+                    return None
+                return ch
+
+            results = await asyncio.gather(declare(c1), declare(c2))
+            owners = [ch for ch in results if ch is not None]
+            assert len(owners) == 1, (round_, results)
+            # the owner uses it; the other connection still cannot
+            q = await owners[0].get_queue(name)
+            await owners[0].default_exchange.publish(aio_pika.Message(b"x"), routing_key=name)
+            assert (await q.get(no_ack=True)).body == b"x"
+            other = c2 if results[0] is not None else c1
+            with pytest.raises(ChannelLockedResource):
+                await (await other.channel()).declare_queue(name, exclusive=True)
+    finally:
+        await c1.close()
+        await c2.close()
 
 
 async def test_users_policies_and_definitions(pair: tuple[ClusterNode, ClusterNode]) -> None:
