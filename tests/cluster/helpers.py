@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT
 from tests.mgmt.helpers import MgmtBroker, free_port
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
@@ -84,3 +87,10 @@ def wait_for(check, timeout: float = 10.0, what: str = "condition"):  # type: ig
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+def ctl(node: MgmtBroker, *args: str) -> subprocess.CompletedProcess[str]:
+    """hare-ctl against `node`'s management API."""
+    env = {**os.environ, "HARE_MANAGEMENT_URL": node.http}
+    return subprocess.run([sys.executable, "-m", "broker.ctl", *args], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=30)

@@ -1,6 +1,7 @@
 """A node going down, with real processes: its queues answer 404 with RabbitMQ's text and
 are never recreated elsewhere, publishes to them are returned and nacked, the others keep
-serving, and its restart brings every confirmed persistent message back; a node cut off
+serving (their own queues and each other's, over their link), and its restart brings every
+confirmed persistent message back; a node cut off
 from etcd longer than its lease comes back by itself."""
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ DOWN = "home node 'fail-b' of durable queue 'dq' in vhost '/' is down or inacces
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory, etcd: EtcdProc
-         ) -> Iterator[tuple[ClusterNode, ClusterNode]]:
+def trio(tmp_path_factory: pytest.TempPathFactory, etcd: EtcdProc
+         ) -> Iterator[tuple[ClusterNode, ClusterNode, ClusterNode]]:
     root = tmp_path_factory.mktemp("fail")
-    a = ClusterNode(root / "a", etcd, "fail", "fail-a").start()
-    b = ClusterNode(root / "b", etcd, "fail", "fail-b").start()
-    yield a, b
+    a, b, c = (ClusterNode(root / n, etcd, "fail", f"fail-{n}").start() for n in "abc")
+    yield a, b, c
     b.kill()
+    c.stop()
     a.stop()
 
 
@@ -35,8 +36,11 @@ def links_up(node: ClusterNode) -> bool:
     return all(n["running"] for n in node.get("/api/nodes"))
 
 
-async def test_kill_home_node_then_restart(pair: tuple[ClusterNode, ClusterNode]) -> None:
-    a, b = pair
+async def test_kill_home_node_then_restart(trio: tuple[ClusterNode, ...]) -> None:
+    a, b, c = trio
+    cc = await aio_pika.connect(c.url)
+    await (await cc.channel()).declare_queue("cq", durable=True)  # homed on c
+    await cc.close()
     cb = await aio_pika.connect(b.url)
     chb = await cb.channel()
     dq = await chb.declare_queue("dq", durable=True)
@@ -46,7 +50,8 @@ async def test_kill_home_node_then_restart(pair: tuple[ClusterNode, ClusterNode]
     await cb.close()
     cb = await aio_pika.connect(b.url)
     await (await cb.channel()).declare_queue("xq2", exclusive=True)  # b is killed holding it
-    wait_for(lambda: a.api("GET", "/api/queues/%2F/dq")[0] == 200, what="dq on a")
+    wait_for(lambda: all(a.api("GET", f"/api/queues/%2F/{q}")[0] == 200 for q in ("dq", "cq")),
+             what="dq and cq on a")
 
     ca = await aio_pika.connect(a.url)
     pub = await ca.channel(publisher_confirms=True)
@@ -60,9 +65,13 @@ async def test_kill_home_node_then_restart(pair: tuple[ClusterNode, ClusterNode]
     # b's exclusive queue goes once b is down for the cluster (its lease expired)
     wait_for(lambda: a.api("GET", "/api/queues/%2F/xq2")[0] == 404, timeout=15,
              what="xq2 dropped")
-    # a's own queues go on
-    await pub.default_exchange.publish(aio_pika.Message(b"still"), routing_key="aq")
-    assert (await local.get()).body == b"still"
+    # a's own queues go on, and c's through the a-c link
+    for name in ("aq", "cq"):
+        confirm = await pub.default_exchange.publish(aio_pika.Message(b"still"),
+                                                     routing_key=name)
+        assert isinstance(confirm, Basic.Ack)
+        q = await pub.get_queue(name, ensure=False)
+        assert (await q.get(no_ack=True)).body == b"still"
     # b's queue: 404 with RabbitMQ's text for declare, consume and get; never recreated
     for attempt in ("declare", "consume", "get"):
         ch = await ca.channel()
@@ -110,10 +119,10 @@ async def test_kill_home_node_then_restart(pair: tuple[ClusterNode, ClusterNode]
     await ca.close()
 
 
-async def test_lease_expired_while_cut_off(pair: tuple[ClusterNode, ClusterNode]) -> None:
+async def test_lease_expired_while_cut_off(trio: tuple[ClusterNode, ...]) -> None:
     """SIGSTOP longer than the lease (3 s): the others see the node down; resumed, it finds
     its lease gone, joins again and serves its queues to the cluster as before."""
-    a, b = pair
+    a, b, _ = trio
     if b.proc is None:
         b.start()
     wait_for(lambda: links_up(a), what="both up")

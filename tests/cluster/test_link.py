@@ -1,7 +1,8 @@
 """Queues on their home node, reached over the inter-node link, with real processes: a
 publish on A to a queue homed on B, consumed on C, arrives in order with confirms; acks,
 rejects and basic.get go home; a busy home node pauses the far publisher's socket (credit
-flow across the link); a wrong cluster secret gets no link."""
+flow across the link) and the far node's memory stays bounded; x-queue-leader-locator
+balanced homes a queue on the node with the fewest; a wrong cluster secret gets no link."""
 
 from __future__ import annotations
 
@@ -93,8 +94,9 @@ async def test_publish_on_a_home_b_consume_on_c(trio: tuple[ClusterNode, ...]) -
 
 async def test_credit_flow_across_the_link(trio: tuple[ClusterNode, ...]) -> None:
     """While the home node does not take messages (stopped), the publisher's channel on A
-    runs out of credit towards the remote queue and A stops reading the publisher's socket;
-    when the home node resumes everything arrives."""
+    runs out of credit towards the remote queue and A stops reading the publisher's socket,
+    holding a bounded part of what is offered; when the home node resumes everything
+    arrives."""
     a, b, _ = trio
     cb = await aio_pika.connect(b.url)
     await (await cb.channel()).declare_queue("cf")
@@ -102,10 +104,10 @@ async def test_credit_flow_across_the_link(trio: tuple[ClusterNode, ...]) -> Non
     wait_for(lambda: a.api("GET", "/api/queues/%2F/cf")[0] == 200, what="cf on a")
     ca = await aio_pika.connect(a.url, client_properties={"connection_name": "cf-pub"})
     ch = await ca.channel(publisher_confirms=False)
-    body = b"x" * 1000
+    n, body = 3000, b"x" * 8192  # 24 MiB offered; credit lets ~2 x 400 messages in
 
     async def publish_all() -> None:
-        for _ in range(3000):
+        for _ in range(n):
             await ch.default_exchange.publish(aio_pika.Message(body), routing_key="cf")
 
     def pauses() -> int:
@@ -113,18 +115,62 @@ async def test_credit_flow_across_the_link(trio: tuple[ClusterNode, ...]) -> Non
                  if x.get("client_properties", {}).get("connection_name") == "cf-pub"]
         return int(conns[0].get("flow_pauses", 0)) if conns else 0
 
+    def rss() -> int:
+        return int(a.get("/api/nodes/link-a")["mem_used"])
+
+    before = await asyncio.to_thread(rss)
     os.kill(b.pid, signal.SIGSTOP)  # for less than its lease: it stays a member
     try:
         publisher = asyncio.ensure_future(publish_all())
         await asyncio.to_thread(wait_for, lambda: pauses() > 0, 6.0,
                                 "the publisher's socket paused")
+        held = max([await asyncio.to_thread(rss) for _ in range(5)]) - before
         assert not publisher.done()  # held back by credit, not buffered in full on A
+        assert held < n * len(body) // 2, f"A grew by {held >> 20} MiB"
     finally:
         os.kill(b.pid, signal.SIGCONT)
     await asyncio.wait_for(publisher, 30)
-    await asyncio.to_thread(wait_for, lambda: b.get("/api/queues/%2F/cf")["messages"] == 3000,
-                            30.0, "all 3000 on the home node")
+    await asyncio.to_thread(wait_for, lambda: b.get("/api/queues/%2F/cf")["messages"] == n,
+                            30.0, f"all {n} on the home node")
     await ca.close()
+    assert b.api("DELETE", "/api/queues/%2F/cf")[0] == 204
+
+
+async def test_balanced_locator_homes_on_the_least_loaded(
+        trio: tuple[ClusterNode, ...]) -> None:
+    """x-queue-leader-locator: balanced homes each new queue on the running node with the
+    fewest queues (not the declaring one), created there before declare-ok; without it a
+    queue stays on the declaring node (client-local)."""
+    a = trio[0]
+
+    def fewest() -> set[str]:
+        running = {x["name"] for x in a.get("/api/nodes") if x["running"]}
+        counts = dict.fromkeys(running, 0)
+        for q in a.get("/api/queues/%2F"):
+            if q["node"] in counts:
+                counts[q["node"]] += 1
+        low = min(counts.values())
+        return {name for name, count in counts.items() if count == low}
+
+    conn = await aio_pika.connect(a.url)
+    ch = await conn.channel(publisher_confirms=True)
+    homes = []
+    for i in range(6):
+        want = await asyncio.to_thread(fewest)
+        q = await ch.declare_queue(f"bal.{i}",
+                                   arguments={"x-queue-leader-locator": "balanced"})
+        home = (await asyncio.to_thread(a.get, f"/api/queues/%2F/bal.{i}"))["node"]
+        assert home in want, (home, want)
+        homes.append(home)
+        # the home node has it already: a publish right after declare-ok is confirmed there
+        confirm = await ch.default_exchange.publish(aio_pika.Message(b"b"),
+                                                    routing_key=f"bal.{i}")
+        assert isinstance(confirm, Basic.Ack)
+        assert (await q.get(no_ack=True)).body == b"b"
+    assert len(set(homes)) == 3, homes  # spread over every node
+    await ch.declare_queue("local.0")
+    assert (await asyncio.to_thread(a.get, "/api/queues/%2F/local.0"))["node"] == "link-a"
+    await conn.close()
 
 
 async def test_wrong_secret_gets_no_link(tmp_path: Path, etcd: EtcdProc,

@@ -14,13 +14,7 @@ import pika
 from tests.conftest import ROOT, BrokerProc
 from tests.mgmt.helpers import MgmtBroker
 
-from .helpers import ClusterNode, EtcdProc, wait_for
-
-
-def ctl(node: MgmtBroker, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HARE_MANAGEMENT_URL": node.http}
-    return subprocess.run([sys.executable, "-m", "broker.ctl", *args], capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=30)
+from .helpers import ClusterNode, EtcdProc, ctl, wait_for
 
 
 def running(node: MgmtBroker) -> dict[str, bool]:

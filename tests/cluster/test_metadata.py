@@ -1,6 +1,6 @@
 """Metadata in etcd, with real processes: what one node declares every node knows (and
 routes by), concurrent declares end as on one node, deletes reach everyone, users and
-policies too, and a definitions export on any node covers the whole cluster."""
+policies too, and a definitions export or import on any node covers the whole cluster."""
 
 from __future__ import annotations
 
@@ -161,6 +161,41 @@ async def test_users_policies_and_definitions(pair: tuple[ClusterNode, ClusterNo
     # deleting the user on b removes it on a
     assert b.api("DELETE", "/api/users/meta-user")[0] == 204
     wait_for(lambda: a.api("GET", "/api/users/meta-user")[0] == 404, what="user gone on a")
+
+
+async def test_definitions_import_reaches_every_node(
+        pair: tuple[ClusterNode, ClusterNode]) -> None:
+    """An import on one node is the whole cluster's: vhost, user, permissions, exchange,
+    queue and binding appear on the other, which routes by them at once."""
+    a, b = pair
+    defs = {
+        "vhosts": [{"name": "imp"}],
+        "users": [{"name": "imp-user", "password": "ipw", "tags": ""}],
+        "permissions": [{"user": "imp-user", "vhost": "imp", "configure": ".*",
+                         "write": ".*", "read": ".*"}],
+        "exchanges": [{"name": "imp.x", "vhost": "imp", "type": "direct", "durable": True,
+                       "auto_delete": False, "internal": False, "arguments": {}}],
+        "queues": [{"name": "imp.q", "vhost": "imp", "durable": True, "auto_delete": False,
+                    "arguments": {"x-max-length": 5}}],
+        "bindings": [{"source": "imp.x", "vhost": "imp", "destination": "imp.q",
+                      "destination_type": "queue", "routing_key": "k", "arguments": {}}],
+    }
+    assert a.api("POST", "/api/definitions", defs)[0] == 204
+    wait_for(lambda: any(bd["source"] == "imp.x" for bd in b.get("/api/bindings/imp")),
+             what="the imported binding on b")
+    assert b.get("/api/queues/imp/imp.q")["node"] == "meta-a"
+    conn = await aio_pika.connect(f"amqp://imp-user:ipw@127.0.0.1:{b.port}/imp")
+    ch = await conn.channel(publisher_confirms=True)
+    x = await ch.get_exchange("imp.x")
+    await x.publish(aio_pika.Message(b"imported"), routing_key="k")
+    q = await ch.get_queue("imp.q")
+    assert (await q.get(no_ack=True)).body == b"imported"
+    await conn.close()
+    exported = b.get("/api/definitions")
+    assert "imp" in {v["name"] for v in exported["vhosts"]}
+    assert "imp.q" in {q["name"] for q in exported["queues"]}
+    assert a.api("DELETE", "/api/vhosts/imp")[0] == 204
+    wait_for(lambda: b.api("GET", "/api/vhosts/imp")[0] == 404, what="imp gone on b")
 
 
 def test_restart_takes_the_cluster_state(tmp_path: Path, etcd: EtcdProc,
