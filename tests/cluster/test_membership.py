@@ -103,8 +103,9 @@ def test_single_node_name(tmp_path: Path) -> None:
         env_node.stop()
 
 
-def test_cluster_needs_a_secret() -> None:
-    """A cluster without a shared secret would accept links from anyone: refused at load."""
+def test_cluster_needs_a_secret(tmp_path: Path) -> None:
+    """A cluster without a shared secret would accept links from anyone: refused at load.
+    The cluster settings come from flags, the environment or the TOML file alike."""
     from broker.config import ConfigError, load_settings
 
     try:
@@ -117,3 +118,9 @@ def test_cluster_needs_a_secret() -> None:
                                   "HARE_CLUSTER_SECRET": "s", "HARE_NODE_NAME": "n1"})
     assert (settings.cluster_etcd, settings.cluster_secret, settings.node_name) == (
         "http://e:2379", "s", "n1")
+    toml = tmp_path / "hare.toml"
+    toml.write_text('cluster_etcd = "http://t:2379"\ncluster_name = "prod"\n'
+                    'node_name = "hare-t"\ncluster_secret = "ts"\n')
+    settings = load_settings(["--config", str(toml)], {})
+    assert (settings.cluster_etcd, settings.cluster_name, settings.node_name) == (
+        "http://t:2379", "prod", "hare-t")
