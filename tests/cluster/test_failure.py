@@ -14,7 +14,10 @@ from collections.abc import Iterator
 import aio_pika
 import pytest
 from aiormq.exceptions import ChannelNotFoundEntity, DeliveryError
+from pamqp import commands
 from pamqp.commands import Basic
+
+from tests.amqp_raw import RawClient
 
 from .helpers import ClusterNode, EtcdProc, wait_for
 
@@ -46,6 +49,7 @@ async def test_kill_home_node_then_restart(trio: tuple[ClusterNode, ...]) -> Non
     dq = await chb.declare_queue("dq", durable=True)
     await dq.bind("amq.fanout")
     await chb.declare_queue("tq", durable=False)  # goes with its node
+    await chb.declare_queue("wq", durable=True)  # consumed from a when b dies
     await chb.declare_queue("xq", exclusive=True)  # goes with its connection's node
     await cb.close()
     cb = await aio_pika.connect(b.url)
@@ -61,7 +65,17 @@ async def test_kill_home_node_then_restart(trio: tuple[ClusterNode, ...]) -> Non
         aio_pika.Message(str(i).encode(), delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
         routing_key="dq") for i in range(n)])  # all confirmed: on b's disk
 
+    watcher = RawClient(a.port)
+    watcher.handshake()
+    watcher.open_channel(1)
+    watcher.send_method(1, commands.Basic.Consume(queue="wq", consumer_tag="w"))
+    watcher.expect(commands.Basic.ConsumeOk, 1)
+
     b.kill()
+    # a's consumer of b's queue is cancelled (RabbitMQ's basic.cancel when a queue's node goes)
+    cancel = await asyncio.to_thread(watcher.expect, commands.Basic.Cancel, 1, 15.0)
+    assert cancel.consumer_tag == "w"  # type: ignore[attr-defined]
+    watcher.close()
     # b's exclusive queue goes once b is down for the cluster (its lease expired)
     wait_for(lambda: a.api("GET", "/api/queues/%2F/xq2")[0] == 404, timeout=15,
              what="xq2 dropped")
