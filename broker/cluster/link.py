@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import errno
 import hashlib
 import hmac
 import json
@@ -44,6 +45,7 @@ from broker.cluster.link_codec import (
 from broker.cluster.link_peers import LinkChannel, LinkSender
 from broker.message import Message
 from broker.queue.amqqueue import AMQQueue
+from broker.server.listener import ListenerError
 
 if TYPE_CHECKING:
     from broker.cluster.etcd_cluster import EtcdCluster
@@ -399,8 +401,17 @@ class Links:
 
     async def start(self) -> None:
         s = self.cluster.node.settings
-        self._server = await asyncio.start_server(self._accept, s.cluster_link_host or None,
-                                                  s.cluster_link_port)
+        try:
+            self._server = await asyncio.start_server(self._accept, s.cluster_link_host or None,
+                                                      s.cluster_link_port)
+        except OSError as exc:
+            # one line at start, as for the other listeners (RabbitMQ's inter-node port is
+            # 25672 too: a Hare node beside a RabbitMQ node needs another cluster_link_port)
+            taken = exc.errno == errno.EADDRINUSE
+            raise ListenerError(
+                f"cluster link port {s.cluster_link_port} is already in use (cluster_link_port)"
+                if taken else f"cannot listen on cluster link port {s.cluster_link_port}: "
+                f"{exc.strerror or exc}") from None
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:

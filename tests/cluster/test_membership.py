@@ -5,6 +5,7 @@ a killed node is down once its lease expires, and its restart takes its name bac
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pika
 
 from tests.conftest import ROOT, BrokerProc
-from tests.mgmt.helpers import MgmtBroker
+from tests.mgmt.helpers import MgmtBroker, free_port
 
 from .helpers import ClusterNode, EtcdProc, ctl, wait_for
 
@@ -67,6 +68,33 @@ def test_members_names_and_restart(tmp_path: Path, etcd: EtcdProc) -> None:
     finally:
         b.kill()
         a.stop()
+
+
+def test_start_refused_in_one_line(tmp_path: Path) -> None:
+    """A node that cannot reach etcd at start cannot know whether its name is free, and one
+    whose link port is taken cannot join the others: one line each, exit 1, no listener."""
+    nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    (tmp_path / "d").mkdir()
+
+    def start(link_port: int) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run(
+            [sys.executable, "-m", "broker", "--port", "0", "--management-port", "0",
+             "--data-dir", str(tmp_path / "d"), "--cluster-etcd", nowhere,
+             "--cluster-secret", "s", "--node-name", "lonely",
+             "--cluster-link-host", "127.0.0.1", "--cluster-link-port", str(link_port)],
+            capture_output=True, text=True, cwd=ROOT, timeout=30,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert res.returncode == 1 and "listening" not in res.stdout
+        assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+        return res
+
+    assert start(0).stderr.startswith(f"hare-server: cannot reach etcd at {nowhere}: ")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert start(port).stderr.strip() == (
+            f"hare-server: cluster link port {port} is already in use (cluster_link_port)")
 
 
 def test_list_queues_node_column(tmp_path: Path, etcd: EtcdProc) -> None:
