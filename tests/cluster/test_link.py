@@ -23,8 +23,11 @@ from .helpers import ClusterNode, EtcdProc, wait_for
 def trio(tmp_path_factory: pytest.TempPathFactory, etcd: EtcdProc
          ) -> Iterator[tuple[ClusterNode, ClusterNode, ClusterNode]]:
     root = tmp_path_factory.mktemp("link")
+    # a long lease: test_credit_flow_across_the_link stops b for as long as a loaded machine
+    # takes to see the pause and sample memory, and b must stay a member meanwhile (an expired
+    # lease makes b down, its queue's publishes are released and the publisher finishes)
     nodes = [ClusterNode(root / n, etcd, "link", f"link-{n}",
-                         ["--cluster-lease-ttl-s", "10"]).start() for n in "abc"]
+                         ["--cluster-lease-ttl-s", "60"]).start() for n in "abc"]
     for node in nodes:
         wait_for(lambda n=node: all(x["running"] for x in n.get("/api/nodes"))
                  and len(n.get("/api/nodes")) == 3, what="three nodes")
