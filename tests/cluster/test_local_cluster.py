@@ -34,9 +34,11 @@ def test_dev_cluster_starts_two_joined_nodes(tmp_path: Path) -> None:
 
 
 def _free_base() -> int:
-    """A base port whose etcd, AMQP, management and link ports are all free now."""
+    """A base port whose etcd, AMQP, management and link ports are all free now, every one
+    below the kernel's ephemeral range (32768 and up): there, any other test's free port or
+    outgoing connection could take one between this check and the node's bind."""
     for _ in range(50):
-        base = random.randrange(21000, 30000)
+        base = random.randrange(3000, 12000)  # link ports 23000..32001
         ports = [base - 2, base - 1, base, base + 1, 10000 + base, 10001 + base,
                  20000 + base, 20001 + base]
         try:
