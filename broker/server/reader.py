@@ -1,7 +1,8 @@
 """The reader (RabbitMQ's rabbit_reader): one asyncio Protocol per client connection.
 
-It cuts frames from the socket in bulk, runs the connection handshake, assembles content per
-channel and posts commands to channel tasks. It is also where back-pressure ends: it pauses
+It cuts frames from the socket in bulk, assembles content per channel and posts commands to
+channel tasks; channel-0 methods of the handshake go to its Handshake (broker/server/handshake.py,
+whose rules are broker/protocol/handshake.py's). It is also where back-pressure ends: it pauses
 reading its socket when credit towards a channel runs out, when an alarm blocks publishers (even
 in the middle of a message, as RabbitMQ's reader), and when the bodies of its incomplete messages
 are over their share of the node's content budget (broker/flow/content_budget.py)."""
@@ -9,7 +10,6 @@ are over their share of the node's content budget (broker/flow/content_budget.py
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import itertools
 import ssl
 import struct
@@ -18,22 +18,12 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from pamqp import commands
 
-from broker import __version__
-from broker.access import (
-    LoginRefused,
-    MechanismError,
-    Pending,
-    Principal,
-    offered,
-    parse_response,
-)
 from broker.flow.alarm import blocked_reason
 from broker.flow.credit_flow import CreditFlow
 from broker.protocol import frames
 from broker.protocol.command_assembler import CommandAssembler
 from broker.protocol.connection_state import ConnectionAction, ConnectionState, connection_step
 from broker.protocol.constants import (
-    ACCESS_REFUSED,
     CHANNEL_ERROR,
     CONNECTION_FORCED,
     FRAME_BODY,
@@ -43,16 +33,16 @@ from broker.protocol.constants import (
     FRAME_METHOD,
     FRAME_MIN_SIZE,
     NOT_ALLOWED,
-    PROTOCOL_HEADER,
     UNEXPECTED_FRAME,
 )
 from broker.protocol.errors import AMQPError, ChannelError, ConnectionError_
+from broker.protocol.handshake import check_channel_count, client_capability
 from broker.server.channel import Channel
+from broker.server.handshake import Handshake
 from broker.server.writer import Writer
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
+    from broker.access import Principal
     from broker.node import Node
     from broker.vhost import VHost
 
@@ -77,7 +67,6 @@ READ_BURST = 1 << 20
 BULK_READ = 1 << 16
 
 AWAIT_HEADER = ConnectionState.AWAIT_HEADER
-AWAIT_START_OK = ConnectionState.AWAIT_START_OK
 OPENED = ConnectionState.OPENED
 CLOSING = ConnectionState.CLOSING
 CLOSED = ConnectionState.CLOSED
@@ -86,18 +75,6 @@ CLOSED = ConnectionState.CLOSED
 CLOSE_LINGER_S = 1.0
 # How long connection.close / close-ok wait for the channel tasks to end, at most.
 CHANNELS_END_S = 5.0
-
-SERVER_CAPABILITIES = {
-    "publisher_confirms": True,
-    "exchange_exchange_bindings": True,
-    "basic.nack": True,
-    "consumer_cancel_notify": True,
-    "connection.blocked": True,
-    "consumer_priorities": True,
-    "authentication_failure_close": True,
-    "per_consumer_qos": True,
-    "direct_reply_to": True,
-}
 
 
 class Reader(asyncio.Protocol):
@@ -110,6 +87,7 @@ class Reader(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.name = f"conn-{next(_ids)}"
         self.state: ConnectionState = AWAIT_HEADER
+        self.handshake = Handshake(self)  # channel 0 until connection.open-ok
         self._stream_lost = False  # a framing error: what follows cannot be parsed
         self.transport: asyncio.Transport | None = None
         self.writer: Writer = None  # type: ignore[assignment]  # set in connection_made
@@ -135,13 +113,11 @@ class Reader(asyncio.Protocol):
         self._held: list[bytes] | None = None
         self._linger_s = 0.0
         self._half_close = False
-        self._header_buf = b""
         # channels given commands in this chunk, and the publishes among them: credit is spent
         # and each channel woken once per chunk
         self._touched: dict[Channel, int] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._recv_activity = True
-        self._missed = 0
         self._paused_reading = False
         self.blocked_by_credit = False
         self.flow_pauses = 0  # times credit flow paused this socket (the "flow" state)
@@ -171,7 +147,7 @@ class Reader(asyncio.Protocol):
         self.tls = transport.get_extra_info("ssl_object")
         self.node.connection_opened(self)
         self._timer = self.loop.call_later(
-            self.settings.handshake_timeout_s, self._handshake_timeout
+            self.settings.handshake_timeout_s, self.handshake.timeout
         )
 
     def data_received(self, data: bytes) -> None:
@@ -184,7 +160,7 @@ class Reader(asyncio.Protocol):
             self._discard(data)
             return
         if state == AWAIT_HEADER:
-            data = self._protocol_header(data)
+            data = self.handshake.header(data)
             if not data:
                 return
         try:
@@ -263,41 +239,7 @@ class Reader(asyncio.Protocol):
                 "connection closed abruptly", conn=self.name, peer=self._peer(), user=self.user
             )
 
-    # -- handshake --------------------------------------------------------------------------
-    def _protocol_header(self, data: bytes) -> bytes:
-        buf = self._header_buf + data
-        if len(buf) < 8 and PROTOCOL_HEADER.startswith(buf):
-            self._header_buf = buf
-            return b""
-        header, rest = buf[:8], buf[8:]
-        self._header_buf = b""
-        if header != PROTOCOL_HEADER:
-            log.warning("bad protocol header", peer=self._peer(), header=header[:8])
-            assert self.transport is not None
-            self.transport.write(PROTOCOL_HEADER)
-            self.state = CLOSED
-            self.transport.close()
-            return b""
-        self.state = AWAIT_START_OK
-        self._send0(
-            commands.Connection.Start(
-                version_major=0,
-                version_minor=9,
-                server_properties={
-                    "product": "Hare",
-                    "version": __version__,
-                    "platform": "Python",
-                    "copyright": "Hare developers",
-                    "information": "AMQP 0-9-1 broker, see README",
-                    "cluster_name": self.node.name,
-                    "capabilities": SERVER_CAPABILITIES,
-                },
-                mechanisms=" ".join(offered(self.node.auth.mechanisms, self.tls is not None)),
-                locales="en_US",
-            )
-        )
-        return rest
-
+    # -- channel 0 --------------------------------------------------------------------------
     def _connection_frame(self, ftype: int, payload: bytes) -> None:
         if ftype == FRAME_HEARTBEAT:
             if payload:
@@ -311,11 +253,11 @@ class Reader(asyncio.Protocol):
         state = self.state
         action, after = connection_step(state, method)
         if action is ConnectionAction.START_OK:
-            self._start_ok(method)
+            self.handshake.start_ok(method)
         elif action is ConnectionAction.TUNE_OK:
-            self._tune_ok(method)
+            self.handshake.tune_ok(method)
         elif action is ConnectionAction.OPEN:
-            self._open(method)
+            self.handshake.open(method)
         elif action is ConnectionAction.CLOSE:
             self._client_close(method)
         elif action is ConnectionAction.UPDATE_SECRET:
@@ -354,176 +296,6 @@ class Reader(asyncio.Protocol):
             self._stream_lost = True
             return
         self._closing_frames(batch, 0)
-
-    def _start_ok(self, m: commands.Connection.StartOk) -> None:
-        self.client_properties = m.client_properties or {}
-        auth = self.node.auth
-        if m.mechanism not in offered(auth.mechanisms, self.tls is not None):
-            raise ConnectionError_(
-                ACCESS_REFUSED, f"unsupported authentication mechanism '{m.mechanism}'")
-        try:
-            credentials = parse_response(m.mechanism, m.response, tls=self.tls,
-                                         cert_login_from=auth.cert_login_from)
-        except MechanismError as exc:
-            refused = auth.refused_before_login("", str(exc), m.mechanism, self._peer())
-            raise _login_refused(m.mechanism, refused) from None
-        try:
-            result = auth.login(credentials, mechanism=m.mechanism, peer=self._peer(),
-                                loopback=self._is_loopback())
-        except LoginRefused as exc:
-            raise _login_refused(m.mechanism, exc) from None
-        if isinstance(result, Principal):
-            self._logged_in(result)
-        else:
-            self._await(result, self._logged_in, m.mechanism)
-
-    def _logged_in(self, principal: Principal) -> None:
-        self.principal = principal
-        self.user = principal.name
-        self.state = ConnectionState.AWAIT_TUNE_OK
-        self._send0(
-            commands.Connection.Tune(
-                channel_max=self.channel_max,
-                frame_max=self.frame_max,
-                heartbeat=self.heartbeat,
-            )
-        )
-
-    def _await(self, awaitable: Awaitable[Any], then: Callable[[Any], None],
-               mechanism: str = "") -> None:
-        """Ask an auth backend over the network without blocking the loop: reading pauses
-        until the answer is in (the backend's timeout bounds the wait), then `then` runs with
-        it and the frames that were held back are processed."""
-
-        async def ask() -> Any:
-            return await awaitable
-
-        assert self.transport is not None
-        self.transport.pause_reading()
-        task = self._waiting = self.loop.create_task(ask(), name=f"auth:{self.name}")
-
-        def done(_: asyncio.Task[Any]) -> None:
-            if self._waiting is not task:  # the connection went meanwhile
-                return
-            self._waiting = None
-            try:
-                then(task.result())
-            except LoginRefused as exc:
-                self.connection_error(_login_refused(mechanism, exc))
-            except ConnectionError_ as exc:
-                self.connection_error(exc)
-            held, self._held_for_auth = self._held_for_auth, []
-            if self.state >= CLOSING:
-                self._closing_frames(held, 0)  # a close that crossed ours still gets close-ok
-                return
-            if held:
-                self._frames(held)
-            if self._waiting is None and not self._paused_reading and self.transport:
-                self.transport.resume_reading()
-
-        task.add_done_callback(done)
-
-    def _tune_ok(self, m: commands.Connection.TuneOk) -> None:
-        if m.frame_max and m.frame_max < FRAME_MIN_SIZE:
-            raise ConnectionError_(
-                NOT_ALLOWED, f"frame_max={m.frame_max} < {FRAME_MIN_SIZE} min size"
-            )
-        if m.frame_max > self.frame_max or not m.frame_max:  # 0 is "no limit": above ours
-            raise ConnectionError_(
-                NOT_ALLOWED, f"frame_max={m.frame_max} > {self.frame_max} max size"
-            )
-        if self.channel_max and (m.channel_max > self.channel_max or not m.channel_max):
-            # 0 is "no limit": above ours (RabbitMQ refuses it too)
-            raise ConnectionError_(
-                NOT_ALLOWED, f"channel_max={m.channel_max} > {self.channel_max} max"
-            )
-        if m.frame_max:
-            self.frame_max = m.frame_max
-        if m.channel_max:
-            self.channel_max = m.channel_max
-        self.heartbeat = m.heartbeat
-        self.cutter.frame_max = self.frame_max
-        if self.max_message_size < self.frame_max - 8:
-            # one body frame may then exceed max_message_size: every publish goes through the
-            # assembler, which refuses it (the fast path does not check, so that it costs
-            # nothing when frames are smaller than the limit, the usual case)
-            self._whole_publish = _no_fast_path  # type: ignore[method-assign]
-
-    def _open(self, m: commands.Connection.Open) -> None:
-        vhost = self.node.vhosts.get(m.virtual_host)
-        if vhost is None:
-            raise ConnectionError_(NOT_ALLOWED, f"vhost {m.virtual_host} not found", (10, 40))
-        limit = self.node.users.limit(self.user, "max-connections")
-        if limit >= 0 and self._user_connections() >= limit:
-            raise ConnectionError_(
-                NOT_ALLOWED,
-                f"connection refused for user '{self.user}': user connection limit ({limit}) "
-                "is reached",
-                (10, 40),
-            )
-        assert self.principal is not None
-        try:
-            allowed = self.node.auth.vhost_allowed(self.principal, m.virtual_host,
-                                                   self.peer[0])
-        except Pending as pending:
-            self._await(pending.wait(), lambda _: self._open(m))
-            return
-        if not allowed:
-            raise ConnectionError_(
-                NOT_ALLOWED,
-                f"access to vhost '{m.virtual_host}' refused for user '{self.user}'",
-                (10, 40),
-            )
-        vhost.params.check_new_connection(self.user)
-        self.vhost = vhost
-        self.state = OPENED
-        self.opened_at = self.loop.time()
-        self._send0(commands.Connection.OpenOk())
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self.heartbeat:
-            self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
-        if self.node.alarms_active():
-            self.on_alarm(self.node.alarms_active())
-        log.info(
-            "connection opened",
-            conn=self.name,
-            peer=self._peer(),
-            user=self.user,
-            vhost=vhost.name,
-            client=_client_name(self.client_properties),
-        )
-
-    def _handshake_timeout(self) -> None:
-        self._timer = None
-        if self.state < OPENED:
-            log.warning("handshake timeout", peer=self._peer(), state=self.state)
-            self._close_transport()
-
-    # -- heartbeats -------------------------------------------------------------------------
-    def _heartbeat_tick(self) -> None:
-        self._timer = None
-        if self.state != OPENED:
-            return
-        if self._recv_activity:
-            self._recv_activity = False
-            self._missed = 0
-        else:
-            self._missed += 1
-            if self._missed >= 4:  # two heartbeat intervals, ticking twice an interval
-                log.warning(
-                    "missed heartbeats from client",
-                    conn=self.name,
-                    peer=self._peer(),
-                    timeout_s=self.heartbeat,
-                )
-                self._close_transport()
-                return
-        if not self.writer.activity:
-            self.writer.send(frames.HEARTBEAT_FRAME)
-        self.writer.activity = False
-        self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
 
     # -- channels ---------------------------------------------------------------------------
     def _channel_frame(self, ftype: int, number: int, payload: bytes) -> None:
@@ -619,15 +391,7 @@ class Reader(asyncio.Protocol):
         self._channel_frame(FRAME_BODY, number, body)
 
     def _open_channel(self, number: int) -> None:
-        # channel_max limits how many channels are open at once, not their numbers (RabbitMQ:
-        # channel 65535 opens on a connection that negotiated 2047); 0 means the protocol's
-        channel_max = self.channel_max or 65535
-        if len(self.channels) >= channel_max:
-            raise ConnectionError_(
-                NOT_ALLOWED,
-                f"number of channels opened ({len(self.channels)}) has reached the "
-                f"negotiated channel_max ({channel_max})",
-            )
+        check_channel_count(len(self.channels), self.channel_max)
         limit = self.node.users.limit(self.user, "max-channels")
         if limit >= 0 and self._user_channels() >= limit:
             raise ConnectionError_(
@@ -866,22 +630,10 @@ class Reader(asyncio.Protocol):
 
     # -- helpers ----------------------------------------------------------------------------
     def client_capability(self, name: str) -> bool:
-        caps = self.client_properties.get("capabilities")
-        return bool(isinstance(caps, dict) and caps.get(name))
-
-    def _user_connections(self) -> int:
-        """Open connections of this connection's user (the user limit counts them)."""
-        return sum(1 for c in self.node.connections
-                   if c.state == OPENED and c.user == self.user and c is not self)
+        return client_capability(self.client_properties, name)
 
     def _user_channels(self) -> int:
         return sum(len(c.channels) for c in self.node.connections if c.user == self.user)
-
-    def _is_loopback(self) -> bool:
-        try:
-            return ipaddress.ip_address(self.peer[0].split("%")[0]).is_loopback
-        except ValueError:
-            return self.peer[0] in ("", "localhost")  # a unix socket has no IP
 
     def _peer(self) -> str:
         return f"{self.peer[0]}:{self.peer[1]}"
@@ -914,33 +666,6 @@ class Reader(asyncio.Protocol):
             "recv_oct": self.bytes_in,
             "send_oct": self.writer.bytes_out if self.writer else 0,
         }
-
-
-def _no_fast_path(number: int, cmd: tuple[str, bytes, bytes, bytes]) -> bool:
-    return False
-
-
-def _login_refused(mechanism: str, exc: LoginRefused) -> ConnectionError_:
-    """RabbitMQ's texts: the reason itself stays in the broker log."""
-    if exc.loopback_only:
-        return ConnectionError_(
-            ACCESS_REFUSED, f"User '{exc.username}' can only connect via localhost")
-    # class and method 0, as RabbitMQ's close for a refused login
-    return ConnectionError_(
-        ACCESS_REFUSED,
-        f"Login was refused using authentication mechanism {mechanism}. "
-        "For details see the broker logfile.",
-    )
-
-
-def _client_name(props: dict[str, Any]) -> str:
-    product = props.get("product", "")
-    version = props.get("version", "")
-    if isinstance(product, bytes):
-        product = product.decode(errors="replace")
-    if isinstance(version, bytes):
-        version = version.decode(errors="replace")
-    return f"{product} {version}".strip()
 
 
 def _printable(value: Any) -> Any:
