@@ -1,10 +1,19 @@
 """Cluster figures for docs/BENCHMARKS.md, on a private etcd and two local nodes.
 
-    python -m broker.perf.bench_cluster --rounds 3
+    python -m broker.perf.bench_cluster --rounds 5
 
-1. Aggregate throughput, two load generators (hare-perf processes) at once: both against
-   hare-1 ("1 node": its queues all there) or one per node ("2 nodes": each queue on the node
-   its client uses). Rounds alternate the two set-ups, so a busy machine hurts both alike.
+1. Aggregate throughput of `--pairs` load generators (hare-perf's raw-socket workers, each
+   publisher and each consumer a process of its own, all released together by one "go"),
+   every pair on a queue of its own: all against hare-1 ("1 node": its queues all there) or
+   alternately against hare-1 and hare-2 ("2 nodes": each queue on the node its clients use,
+   client-local). The clients are the same in both set-ups; only the broker side differs.
+   Loads: publish-only (`--count` messages a publisher; rate = all messages over the first
+   start to the last publisher's round trip) and steady (a publisher and a consumer a queue at
+   full speed for `--duration` s; rate = deliveries a second). Rounds alternate the order of
+   the two set-ups, so a busy machine hurts both alike (`--wait-quiet S` first waits for a
+   quiet second, as hare-perf's option does). Each run records the cores used by
+   each node's process, by the clients, and by everything else on the machine (others'
+   work), from /proc, over the measuring window: is a core the limit, and whose?
 2. The cost of the link: broker CPU (both nodes, from /proc) per message for a publish to a
    queue on the node the publisher uses against one forwarded to the other node, and for a
    delivery to a consumer on the queue's node against one on the other node."""
@@ -17,7 +26,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,13 +36,15 @@ from pamqp import commands
 
 from broker.perf.client import connect
 from broker.perf.local_cluster import DevCluster
-from broker.perf.scenarios import _Crew
+from broker.perf.scenarios import _Crew, wait_quiet
 from broker.perf.wire import parse_url
 from broker.perf.workers import ConsumerSpec, PublisherSpec, consumer_main, publisher_main
 
 __all__ = ["main"]
 
 _TICK = os.sysconf("SC_CLK_TCK")
+_TIMEOUT_S = 300.0
+LOADS = ("publish-only", "steady")
 
 
 def _cpu(pids: list[int]) -> float:
@@ -45,43 +55,114 @@ def _cpu(pids: list[int]) -> float:
     return total
 
 
-def _hare_perf(url: str, scenario: str, count: int, size: int) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "broker.perf.cli", "--url", url, scenario, "--count", str(count),
-         "--size", str(size), "--json"], stdout=subprocess.PIPE, text=True)
+def _machine_busy() -> tuple[float, float]:
+    """CPU seconds the whole machine spent in processes (user, nice, system) and in interrupts
+    (irq, softirq: mostly loopback TCP, the benchmark's own, charged to no process)."""
+    with open("/proc/stat") as stat:
+        f = [int(x) for x in stat.readline().split()[1:]]
+    return (f[0] + f[1] + f[2]) / _TICK, (f[5] + f[6]) / _TICK
 
 
-def aggregate(urls: list[str], scenario: str, count: int, size: int,
-              pids: list[int]) -> tuple[float, list[float]]:
-    """Messages per second summed over one hare-perf per URL, started together, and the
-    share of a core each node's process used meanwhile (is the broker the bottleneck?)."""
-    before = [_cpu([pid]) for pid in pids]
-    start = time.monotonic()
-    procs = [_hare_perf(u, scenario, count, size) for u in urls]
-    total = 0.0
-    for proc in procs:
-        out, _ = proc.communicate(timeout=600)
-        total += float(json.loads(out)[0]["median"]["msg_s"])
-    wall = time.monotonic() - start
-    return total, [(_cpu([pid]) - b) / wall for pid, b in zip(pids, before, strict=True)]
+class _Snapshot:
+    """Wall clock, each node's CPU and the machine's busy time at one instant."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.wall = time.monotonic()
+        self.nodes = [_cpu([pid]) for pid in pids]
+        self.busy, self.irq = _machine_busy()
 
 
-async def _declare(url: str, queue: str, delete: bool = False) -> None:
-    client = await connect(parse_url(url), timestamps=False)
+async def _queues(cluster: DevCluster, homes: list[int], delete: list[str] | None = None,
+                  ) -> list[str]:
+    """Declare one queue a generator, each through (so homed on) its node; or delete them."""
+    names = delete or [f"bench-cluster.{time.monotonic_ns()}.{i}" for i in range(len(homes))]
+    for node in sorted(set(homes)):
+        client = await connect(parse_url(cluster.amqp_url(node)), timestamps=False)
+        try:
+            await client.open_channel(1)
+            for name, home in zip(names, homes, strict=True):
+                if home != node:
+                    continue
+                method = (commands.Queue.Delete(queue=name) if delete
+                          else commands.Queue.Declare(queue=name))
+                await client.rpc(1, method, timeout=120.0)
+        finally:
+            await client.close()
+    return names
+
+
+async def _landed(cluster: DevCluster, homes: list[int], names: list[str],
+                  expected: int) -> int:
+    """Messages the queues hold, waited for (10 s at most) until `expected` have landed: a
+    publish-only rate counts only messages the brokers took."""
+    deadline = time.monotonic() + 10.0
+    while True:
+        total = 0
+        for name, home in zip(names, homes, strict=True):
+            client = await connect(parse_url(cluster.amqp_url(home)), timestamps=False)
+            try:
+                await client.open_channel(1)
+                reply = await client.rpc(1, commands.Queue.Declare(queue=name, passive=True))
+                assert isinstance(reply, commands.Queue.DeclareOk)
+                total += int(reply.message_count)
+            finally:
+                await client.close()
+        if total >= expected or time.monotonic() > deadline:
+            return total
+        await asyncio.sleep(0.1)
+
+
+async def aggregate(cluster: DevCluster, homes: list[int], load: str, count: int, size: int,
+                    duration_s: float) -> dict[str, float]:
+    """One run: a generator per entry of `homes` (the node its clients connect to and its
+    queue lives on), all started at once. Returns msg/s and the cores each party used."""
+    urls = [cluster.amqp_url(h) for h in homes]
+    names = await _queues(cluster, homes)
+    crew = _Crew(_TIMEOUT_S)
     try:
-        await client.open_channel(1)
-        if delete:
-            await client.rpc(1, commands.Queue.Delete(queue=queue))
-        else:
-            await client.rpc(1, commands.Queue.Declare(queue=queue))
+        pubs = [crew.start(publisher_main,
+                           PublisherSpec(u, "", [q], count, size, _TIMEOUT_S,
+                                         duration_s=duration_s if load == "steady" else 0.0),
+                           f"publisher-{i}")
+                for i, (u, q) in enumerate(zip(urls, names, strict=True))]
+        cons = [] if load != "steady" else [
+            crew.start(consumer_main, ConsumerSpec(u, [q], [1 << 62], _TIMEOUT_S,
+                                                   timestamps=False, duration_s=duration_s),
+                       f"consumer-{i}")
+            for i, (u, q) in enumerate(zip(urls, names, strict=True))]
+        await crew.ready()
+        pids = [p.pid for p in cluster.nodes]
+        before = _Snapshot(pids)
+        crew.go()
+        rps = [await crew.result(i) for i in pubs]
+        rcs = [await crew.result(i) for i in cons]
+        after = _Snapshot(pids)
     finally:
-        await client.close()
+        await crew.close()
+    if load == "steady":
+        window = max(max(r["t_last"] for r in rcs) - min(r["t_go"] for r in rcs), 1) / 1e9
+        rate = sum(r["delivered"] for r in rcs) / window
+        landed = float(sum(r["delivered"] for r in rcs))
+    else:
+        window = max(max(r["t_done"] for r in rps) - min(r["t_start"] for r in rps), 1) / 1e9
+        rate = count * len(rps) / window
+        landed = float(await _landed(cluster, homes, names, count * len(rps)))
+    wall = max(after.wall - before.wall, 1e-9)
+    nodes = [(a - b) / wall for a, b in zip(after.nodes, before.nodes, strict=True)]
+    clients = sum(r["cpu_share"] for r in (*rps, *rcs))
+    machine = (after.busy - before.busy) / wall
+    irq = (after.irq - before.irq) / wall
+    await _queues(cluster, homes, delete=names)
+    return {"msg_s": rate, "messages": landed,
+            **{f"hare-{i + 1} cores": c for i, c in enumerate(nodes)},
+            "clients cores": clients, "irq cores": irq,
+            "others cores": max(0.0, machine - sum(nodes) - clients)}
 
 
 async def _publish(url: str, queue: str, count: int, size: int) -> None:
-    crew = _Crew(300.0)
+    crew = _Crew(_TIMEOUT_S)
     try:
-        i = crew.start(publisher_main, PublisherSpec(url, "", [queue], count, size, 300.0,
+        i = crew.start(publisher_main, PublisherSpec(url, "", [queue], count, size, _TIMEOUT_S,
                                                      confirms=True), "publisher")
         await crew.ready([i])
         crew.go([i])
@@ -91,9 +172,9 @@ async def _publish(url: str, queue: str, count: int, size: int) -> None:
 
 
 async def _consume(url: str, queue: str, count: int) -> None:
-    crew = _Crew(300.0)
+    crew = _Crew(_TIMEOUT_S)
     try:
-        i = crew.start(consumer_main, ConsumerSpec(url, [queue], [count], 300.0,
+        i = crew.start(consumer_main, ConsumerSpec(url, [queue], [count], _TIMEOUT_S,
                                                    timestamps=False), "consumer")
         await crew.ready([i])
         crew.go([i])
@@ -108,8 +189,7 @@ async def link_cost(cluster: DevCluster, count: int, size: int) -> dict[str, flo
     home, far = cluster.amqp_url(1), cluster.amqp_url(0)
     out: dict[str, float] = {}
     for label, pub_url, con_url in (("local", home, home), ("forwarded", far, far)):
-        queue = f"bench-cluster.{label}.{time.monotonic_ns()}"
-        await _declare(home, queue)  # homed on hare-2 either way
+        [queue] = await _queues(cluster, [1])  # homed on hare-2 either way
         await asyncio.sleep(0.5)  # hare-1 learns of it through etcd
         before = _cpu(pids)
         await _publish(pub_url, queue, count, size)
@@ -117,51 +197,85 @@ async def link_cost(cluster: DevCluster, count: int, size: int) -> dict[str, flo
         before = _cpu(pids)
         await _consume(con_url, queue, count)
         out[f"deliver_{label}_us"] = (_cpu(pids) - before) / count * 1e6
-        await _declare(home, queue, delete=True)
+        await _queues(cluster, [1], delete=[queue])
+    return out
+
+
+def _loadavg() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+async def _measure(cluster: DevCluster, args: argparse.Namespace) -> dict[str, list[float]]:
+    results: dict[str, list[float]] = {}
+
+    def keep(key: str, value: float) -> None:
+        results.setdefault(key, []).append(value)
+
+    setups = {"1 node": [0] * args.pairs, "2 nodes": [i % 2 for i in range(args.pairs)]}
+    for r in range(args.rounds):
+        keep("loadavg", _loadavg())
+        for load in LOADS:
+            if args.wait_quiet > 0:
+                keep(f"{load} others before", await wait_quiet(None, args.wait_quiet))
+            order = list(setups.items())
+            if r % 2:
+                order.reverse()
+            for label, homes in order:
+                run = await aggregate(cluster, homes, load, args.count, args.size,
+                                      args.duration)
+                for key, value in run.items():
+                    keep(f"{load} {label} {key}", value)
+        for key, value in (await link_cost(cluster, args.link_count, args.size)).items():
+            keep(key, value)
+    keep("loadavg", _loadavg())
+    return results
+
+
+def summary(results: dict[str, list[float]]) -> dict[str, Any]:
+    """Medians (with min and max) of every figure; the 2-node/1-node ratio of each round's
+    pair of runs and of the medians; forwarded/local CPU ratios."""
+    out: dict[str, Any] = {k: {"median": statistics.median(v), "min": min(v), "max": max(v)}
+                           for k, v in results.items()}
+    for load in LOADS:
+        one, two = results[f"{load} 1 node msg_s"], results[f"{load} 2 nodes msg_s"]
+        ratios = [b / max(a, 1e-9) for a, b in zip(one, two, strict=True)]
+        out[f"{load} ratio"] = {
+            "of medians": statistics.median(two) / max(statistics.median(one), 1e-9),
+            "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+    for kind in ("publish", "deliver"):
+        out[f"{kind} forwarded/local"] = (statistics.median(results[f"{kind}_forwarded_us"])
+                                          / max(statistics.median(results[f"{kind}_local_us"]),
+                                                1e-9))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m broker.perf.bench_cluster")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--count", type=int, default=100_000, help="messages per generator")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--pairs", type=int, default=2,
+                        help="load generators (a publisher, and for steady a consumer, each "
+                             "a process) on a queue each; spread over the nodes in turn")
+    parser.add_argument("--count", type=int, default=200_000,
+                        help="publish-only: messages a publisher")
+    parser.add_argument("--duration", type=float, default=10.0, help="steady: seconds")
+    parser.add_argument("--link-count", type=int, default=100_000,
+                        help="link cost: messages a measure")
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--port", type=int, default=5780)
+    parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
+                        help="before each pair of runs wait up to S seconds for a second in "
+                             "which other processes use under 0.2 cores")
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="hare-bench-cluster-"))
     cluster = DevCluster(root, 2, args.port, extra=["--log-level", "warning"])
-    results: dict[str, list[float]] = {}
     try:
         cluster.start()
         time.sleep(2)  # the link comes up
-        one = [cluster.amqp_url(0)] * 2
-        two = [cluster.amqp_url(0), cluster.amqp_url(1)]
-        for r in range(args.rounds):
-            for scenario in ("publish-only", "pubsub"):
-                order = [("1 node", one), ("2 nodes", two)]
-                if r % 2:
-                    order.reverse()
-                pids = [p.pid for p in cluster.nodes]
-                for label, urls in order:
-                    rate, cores = aggregate(urls, scenario, args.count, args.size, pids)
-                    results.setdefault(f"{scenario} {label}", []).append(rate)
-                    for i, share in enumerate(cores):
-                        results.setdefault(f"{scenario} {label} hare-{i + 1} cores",
-                                           []).append(share)
-            for key, value in asyncio.run(link_cost(cluster, args.count // 2,
-                                                    args.size)).items():
-                results.setdefault(key, []).append(value)
+        results = asyncio.run(_measure(cluster, args))
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
-    medians: dict[str, Any] = {k: statistics.median(v) for k, v in results.items()}
-    for scenario in ("publish-only", "pubsub"):
-        medians[f"{scenario} ratio"] = (medians[f"{scenario} 2 nodes"]
-                                        / max(medians[f"{scenario} 1 node"], 1e-9))
-    for kind in ("publish", "deliver"):
-        medians[f"{kind} forwarded/local"] = (medians[f"{kind}_forwarded_us"]
-                                              / max(medians[f"{kind}_local_us"], 1e-9))
-    print(json.dumps({"rounds": results, "median": medians}, indent=2))
+    print(json.dumps({"rounds": results, "summary": summary(results)}, indent=2))
     return 0
 
 

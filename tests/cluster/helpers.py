@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -94,3 +96,21 @@ def ctl(node: MgmtBroker, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HARE_MANAGEMENT_URL": node.http}
     return subprocess.run([sys.executable, "-m", "broker.ctl", *args], capture_output=True,
                           text=True, env=env, cwd=ROOT, timeout=30)
+
+
+def free_base() -> int:
+    """A base port whose etcd, AMQP, management and link ports are all free now, every one
+    below the kernel's ephemeral range (32768 and up): there, any other test's free port or
+    outgoing connection could take one between this check and the node's bind."""
+    for _ in range(50):
+        base = random.randrange(3000, 12000)  # link ports 23000..32001
+        ports = [base - 2, base - 1, base, base + 1, 10000 + base, 10001 + base,
+                 20000 + base, 20001 + base]
+        try:
+            for port in ports:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port range")

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import json
-import random
-import socket
 import urllib.request
 from pathlib import Path
 
 from broker.perf.local_cluster import DevCluster
 
-from .helpers import ETCD, wait_for
+from .helpers import ETCD, free_base, wait_for
 
 
 def test_dev_cluster_starts_two_joined_nodes(tmp_path: Path) -> None:
     assert Path(ETCD).exists()
-    base = _free_base()
+    base = free_base()
     cluster = DevCluster(tmp_path, 2, base, extra=["--log-level", "warning"])
     cluster.start()
     try:
@@ -32,20 +30,3 @@ def test_dev_cluster_starts_two_joined_nodes(tmp_path: Path) -> None:
         cluster.stop()
     assert cluster.nodes == [] and cluster.etcd is None
 
-
-def _free_base() -> int:
-    """A base port whose etcd, AMQP, management and link ports are all free now, every one
-    below the kernel's ephemeral range (32768 and up): there, any other test's free port or
-    outgoing connection could take one between this check and the node's bind."""
-    for _ in range(50):
-        base = random.randrange(3000, 12000)  # link ports 23000..32001
-        ports = [base - 2, base - 1, base, base + 1, 10000 + base, 10001 + base,
-                 20000 + base, 20001 + base]
-        try:
-            for port in ports:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port range")
