@@ -32,11 +32,10 @@ from pamqp import commands
 from broker.config import Settings
 from broker.logs import configure_logging
 from broker.node import Node
-from broker.perf.bench_reader import _Transport
+from broker.perf.bench_reader import _Transport, handshake_frames
 from broker.perf.scanner import FrameScanner
 from broker.perf.wire import encode_ack
 from broker.protocol import frames
-from broker.protocol.constants import PROTOCOL_HEADER
 from broker.server.reader import Reader
 
 __all__ = ["main", "run"]
@@ -60,28 +59,10 @@ class _Recorder(_Transport):
         return b"".join(out)
 
 
-def _open(*extra: Any) -> list[bytes]:
-    return [
-        PROTOCOL_HEADER,
-        frames.encode_method(
-            0,
-            commands.Connection.StartOk(
-                client_properties={}, mechanism="PLAIN", response="\0guest\0guest"
-            ),
-        ),
-        frames.encode_method(
-            0, commands.Connection.TuneOk(channel_max=2047, frame_max=131072, heartbeat=0)
-        ),
-        frames.encode_method(0, commands.Connection.Open(virtual_host="/")),
-        frames.encode_method(1, commands.Channel.Open()),
-        *(frames.encode_method(1, method) for method in extra),
-    ]
-
-
 async def _connect(node: Node, transport: _Transport, *methods: Any) -> Reader:
     reader = Reader(node)
     reader.connection_made(transport)  # type: ignore[arg-type]
-    for chunk in _open(*methods):
+    for chunk in handshake_frames(*methods):
         reader.data_received(chunk)
         for _ in range(5):
             await asyncio.sleep(0)

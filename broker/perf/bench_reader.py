@@ -71,7 +71,8 @@ class _Transport:
         pass
 
 
-def _handshake() -> list[bytes]:
+def handshake_frames(*extra: Any) -> list[bytes]:
+    """A client's side of the handshake up to an open channel 1, then `extra` methods on it."""
     return [
         PROTOCOL_HEADER,
         frames.encode_method(
@@ -85,7 +86,7 @@ def _handshake() -> list[bytes]:
         ),
         frames.encode_method(0, commands.Connection.Open(virtual_host="/")),
         frames.encode_method(1, commands.Channel.Open()),
-        frames.encode_method(1, commands.Queue.Declare(queue="bench-reader")),
+        *(frames.encode_method(1, method) for method in extra),
     ]
 
 
@@ -108,7 +109,7 @@ async def run(data_dir: Path, messages: int, per_chunk: int, size: int,
         reader = Reader(node)
         transport = _Transport()
         reader.connection_made(transport)  # type: ignore[arg-type]
-        for chunk in _handshake():
+        for chunk in handshake_frames(commands.Queue.Declare(queue="bench-reader")):
             reader.data_received(chunk)
             await _settle(reader, transport)
         one = b"".join(
