@@ -867,8 +867,9 @@ class Channel:
             self._tx_publishes.append((ex, msg, mandatory))
             return
         self._route(ex, msg, mandatory, seq)
-        if flagged:  # only such a block is ever decoded (a 128 KiB table decodes to MiB)
-            msg.decoded = None
+        # queues keep the raw block only: whatever decoded it here (the checks above, the
+        # headers exchange, CC) is done with it, and a 128 KiB table decodes to MiB
+        msg.decoded = None
 
     def _check_topic_keys(self, msg: Message) -> None:
         """Write on every routing key the message will be routed by: its own and, as
@@ -937,8 +938,6 @@ class Channel:
             # into the batch, none of VHost.route's generality
             q = vhost.queues.get(msg.routing_key)
             if q is not None:
-                if msg.decoded is not None:
-                    msg.decoded = None  # queues keep the raw block only
                 items = self._batch.get(q)
                 if items is None:
                     self._batch[q] = [(msg, seq)]
