@@ -22,8 +22,8 @@ from broker.protocol.constants import (
 from broker.protocol.errors import ChannelError, ConnectionError_
 from broker.queue.amqqueue import AMQQueue
 from broker.queue.arguments import (
-    COMPARED_ARGS,
     amqp_type,
+    compared_args,
     fmt_value,
     same_argument,
     validate_queue,
@@ -270,9 +270,10 @@ class VHost:
                         f"inequivalent arg '{field}' for queue '{name}' {self._where()}: "
                         f"received '{_fmt(want)}' but current is '{_fmt(have)}'",
                     )
+            compared = compared_args(existing.args.queue_type)
             for key in set(arguments) | set(existing.arguments):
                 have, want = existing.arguments.get(key), arguments.get(key)
-                if key in COMPARED_ARGS and not same_argument(key, have, want):
+                if key in compared and not same_argument(key, have, want):
                     raise ChannelError(
                         PRECONDITION_FAILED,
                         f"inequivalent arg '{key}' for queue '{name}' {self._where()}: "

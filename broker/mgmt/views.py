@@ -59,7 +59,7 @@ def queue_json(q: AMQQueue, stats: Stats, node_name: str) -> dict[str, Any]:
         "owner_pid_details": {"name": getattr(owner, "name", "")} if owner is not None else None,
         "arguments": q.arguments,
         "node": q.home or node_name,
-        "type": q.args.TYPE,
+        "type": q.args.kind,
         "state": info.get("state", "running"),
         "messages": messages,
         "messages_details": details(stats.rate(q, "messages")),

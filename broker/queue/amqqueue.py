@@ -131,12 +131,12 @@ class AMQQueue:
 
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> None:
-        if self.args.queue_type != QueueArgs.TYPE:
-            # applications declare quorum/stream queues unconditionally; say loudly that this
-            # one is not replicated
+        if self.args.queue_type != self.args.kind:
+            # applications declare stream queues unconditionally; say loudly that this one is
+            # not a stream
             log.warning("queue type not available, the queue is a classic queue",
                         queue=self.name, vhost=self.vhost.name, requested=self.args.queue_type,
-                        actual=QueueArgs.TYPE)
+                        actual=self.args.kind)
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"queue:{self.name}")
         self._arm_expiry()
         if self.args.lazy and self.bq is not None:

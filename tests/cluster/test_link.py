@@ -1,8 +1,8 @@
 """Queues on their home node, reached over the inter-node link, with real processes: a
 publish on A to a queue homed on B, consumed on C, arrives in order with confirms; acks,
 rejects and basic.get go home; a busy home node pauses the far publisher's socket (credit
-flow across the link) and the far node's memory stays bounded; x-queue-leader-locator
-balanced homes a queue on the node with the fewest; a wrong cluster secret gets no link."""
+flow across the link) and the far node's memory stays bounded; x-queue-master-locator
+min-masters homes a queue on the node with the fewest; a wrong cluster secret gets no link."""
 
 from __future__ import annotations
 
@@ -141,7 +141,8 @@ async def test_credit_flow_across_the_link(trio: tuple[ClusterNode, ...]) -> Non
 
 async def test_balanced_locator_homes_on_the_least_loaded(
         trio: tuple[ClusterNode, ...]) -> None:
-    """x-queue-leader-locator: balanced homes each new queue on the running node with the
+    """x-queue-master-locator: min-masters (a classic queue; RabbitMQ 3.10 refuses
+    x-queue-leader-locator on one) homes each new queue on the running node with the
     fewest queues (not the declaring one), created there before declare-ok; without it a
     queue stays on the declaring node (client-local)."""
     a = trio[0]
@@ -161,7 +162,7 @@ async def test_balanced_locator_homes_on_the_least_loaded(
     for i in range(6):
         want = await asyncio.to_thread(fewest)
         q = await ch.declare_queue(f"bal.{i}",
-                                   arguments={"x-queue-leader-locator": "balanced"})
+                                   arguments={"x-queue-master-locator": "min-masters"})
         home = (await asyncio.to_thread(a.get, f"/api/queues/%2F/bal.{i}"))["node"]
         assert home in want, (home, want)
         homes.append(home)

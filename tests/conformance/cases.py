@@ -498,6 +498,28 @@ qarg("single-active-consumer-string", {"x-single-active-consumer": "yes"})
 qarg("unknown-argument", {"x-made-up": "whatever"})
 qarg("queue-version-2", {"x-queue-version": 2})
 qarg("queue-version-3", {"x-queue-version": 3})
+# arguments of another queue type (RabbitMQ 3.10: "... of queue type rabbit_T_queue")
+qarg("classic-delivery-limit", {"x-delivery-limit": 3})
+qarg("classic-leader-locator", {"x-queue-leader-locator": "balanced"})
+qarg("classic-dead-letter-strategy", {"x-dead-letter-strategy": "at-least-once"})
+
+
+def quorum_arg(name: str, arguments: dict, **kw) -> None:  # type: ignore[type-arg,no-untyped-def]
+    kw.setdefault("durable", True)
+    row(f"x-args/quorum-{name}", [m(1, args_q({"x-queue-type": "quorum", **arguments}, **kw))])
+
+
+quorum_arg("max-priority", {"x-max-priority": 5})
+quorum_arg("queue-mode", {"x-queue-mode": "lazy"})
+quorum_arg("master-locator", {"x-queue-master-locator": "min-masters"})
+quorum_arg("initial-group-size-zero", {"x-quorum-initial-group-size": 0})
+quorum_arg("initial-group-size-string", {"x-quorum-initial-group-size": "3"})
+quorum_arg("leader-locator-bogus", {"x-queue-leader-locator": "nope"})
+quorum_arg("dead-letter-strategy-bogus", {"x-dead-letter-strategy": "bogus"})
+quorum_arg("non-durable", {}, durable=False)
+quorum_arg("exclusive", {}, exclusive=True)
+quorum_arg("auto-delete", {}, auto_delete=True)
+quorum_arg("auto-delete-and-bad-arg", {"x-max-priority": 5}, auto_delete=True)
 row("x-args/alternate-exchange-ok",
     [m(1, Ex.Declare(exchange="cf.x", exchange_type="direct",
                      arguments={"alternate-exchange": "cf.ae"}))])

@@ -138,3 +138,55 @@ def test_consumer_priority_must_be_an_integer(conn, value, got):
         406, f"PRECONDITION_FAILED - invalid arg 'x-priority' for queue '{q}' in vhost '/': "
              f'"expected integer, got {got}"'
     )
+
+
+@pytest.mark.parametrize(("qtype", "key", "value"), [
+    ("classic", "x-delivery-limit", 3),
+    ("classic", "x-quorum-initial-group-size", 3),
+    ("classic", "x-dead-letter-strategy", "at-least-once"),
+    ("classic", "x-queue-leader-locator", "balanced"),
+    ("classic", "x-max-in-memory-length", 5),
+    ("classic", "x-max-age", "1D"),
+    ("quorum", "x-queue-mode", "lazy"),
+    ("quorum", "x-queue-version", 2),
+    ("quorum", "x-queue-master-locator", "min-masters"),
+    ("quorum", "x-max-age", "1D"),
+    ("stream", "x-message-ttl", 1000),
+    ("stream", "x-dead-letter-exchange", "dlx"),
+])
+def test_arguments_of_another_queue_type_are_refused(conn, qtype, key, value):
+    """RabbitMQ 3.10.8: an argument that some queue type takes but this one does not."""
+    name = f"typed-{next(_n)}"
+    arguments = {key: value} if qtype == "classic" else {"x-queue-type": qtype, key: value}
+    assert refused(conn, name, arguments, durable=True) == (
+        406, f"PRECONDITION_FAILED - invalid arg '{key}' for queue '{name}' in vhost '/' of "
+             f"queue type rabbit_{qtype}_queue"
+    )
+
+
+@pytest.mark.parametrize(("arguments", "detail"), [
+    ({"x-quorum-initial-group-size": 0}, "{value_zero,0}"),
+    ({"x-quorum-initial-group-size": "x"}, '"expected integer, got longstr"'),
+    ({"x-queue-leader-locator": "nope"}, "invalid_queue_locator_arg"),
+    ({"x-queue-leader-locator": 5}, "{unacceptable_type,signedint}"),
+    ({"x-dead-letter-strategy": "bad"}, "invalid_dlx_strategy"),
+    ({"x-dead-letter-strategy": 3}, "{unacceptable_type,signedint}"),
+    ({"x-max-in-memory-length": -1}, "{value_negative,-1}"),
+])
+def test_quorum_arguments_checked_as_rabbitmq(conn, arguments, detail):
+    name = f"quorum-args-{next(_n)}"
+    key = next(iter(arguments))
+    assert refused(conn, name, {"x-queue-type": "quorum", **arguments}, durable=True) == (
+        406, f"PRECONDITION_FAILED - invalid arg '{key}' for queue '{name}' in vhost '/': {detail}"
+    )
+
+
+def test_argument_values_are_checked_before_properties(conn):
+    """RabbitMQ checks the arguments first, then auto-delete, exclusive, non-durable."""
+    name = f"typed-{next(_n)}"
+    assert refused(conn, name, {"x-queue-type": "quorum", "x-max-priority": 5}) == (
+        406, f"PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue '{name}' in vhost "
+             "'/' of queue type rabbit_quorum_queue")
+    assert refused(conn, name, {"x-queue-type": "quorum"}, auto_delete=True) == (
+        406, f"PRECONDITION_FAILED - invalid property 'auto-delete' for queue '{name}' in vhost "
+             "'/'")
