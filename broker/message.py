@@ -160,16 +160,18 @@ class Message:
         return b"".join((head, ex, rk, self.props, self.body))
 
     @classmethod
-    def decode(cls, data: bytes, msg_id: int) -> Message:
-        lex, lrk, lprops, _ = _ENC_HEAD.unpack_from(data)
-        pos = _ENC_HEAD.size
+    def decode(cls, data: bytes, msg_id: int, start: int = 0, end: int | None = None
+               ) -> Message:
+        """The message encoded in data[start:end] (a stream chunk holds many)."""
+        lex, lrk, lprops, _ = _ENC_HEAD.unpack_from(data, start)
+        pos = start + _ENC_HEAD.size
         ex = data[pos : pos + lex].decode()
         pos += lex
         rk = data[pos : pos + lrk].decode()
         pos += lrk
         props = bytes(data[pos : pos + lprops])
         pos += lprops
-        return cls(ex, rk, props, bytes(data[pos:]), msg_id)
+        return cls(ex, rk, props, bytes(data[pos:end]), msg_id)
 
     def __repr__(self) -> str:
         return f"<Message {self.msg_id:x} {self.exchange!r}/{self.routing_key!r} {self.size}B>"

@@ -15,6 +15,7 @@ __all__ = [
     "MSG_STORE_TRANSIENT",
     "NODE_ID",
     "QUEUES",
+    "STREAMS",
     "TRANSIENT_QUEUES",
     "lock_holder",
     "queue_dir_name",
@@ -23,6 +24,7 @@ __all__ = [
 LOCK_FILE = "hare.lock"  # flock held by the running broker (cli.py)
 DEFINITIONS = "definitions.sqlite"  # durable topology, users, permissions (SQLite, WAL)
 QUEUES = "queues"  # queues/<queue_dir_name>/: the index of each durable queue
+STREAMS = "streams"  # streams/<queue_dir_name>/: each stream queue's log (stream_log.py)
 TRANSIENT_QUEUES = "transient_queues"  # page-outs of non-durable queues: wiped at every start
 MSG_STORE_PERSISTENT = "msg_store_persistent"  # bodies of persistent messages, durable queues
 MSG_STORE_TRANSIENT = "msg_store_transient"  # paged-out bodies: wiped at every start

@@ -32,9 +32,11 @@ __all__ = [
     "encode_file_header",
     "encode_record_header",
     "parse_file_header",
+    "record_checks",
     "scan_records",
     "segment_name",
     "segment_number",
+    "unpack_record_header",
 ]
 
 SEGMENT_SUFFIX = ".hseg"
@@ -95,6 +97,20 @@ def encode_record_header(msg_id: int, payload: bytes, rtype: int = REC_MSG) -> b
     """The 25-byte header for `payload`; write it immediately before the payload."""
     tail = _TAIL.pack(len(payload), rtype, msg_id >> 64, msg_id & _M64)
     return _CRC.pack(zlib.crc32(payload, zlib.crc32(tail))) + tail
+
+
+def unpack_record_header(buf: bytes | memoryview, pos: int = 0) -> tuple[int, int, int, int]:
+    """(crc, payload length, type, id) of the record header at `pos`, unchecked: for readers
+    of other record kinds in the same framing (the stream log's chunks)."""
+    crc, length, rtype, hi, lo = _REC.unpack_from(buf, pos)
+    return crc, length, rtype, hi << 64 | lo
+
+
+def record_checks(header: bytes | memoryview, payload: bytes | memoryview) -> bool:
+    """Whether a record's CRC (the first field of its 25-byte `header`) covers the rest of the
+    header and `payload` as written by encode_record_header."""
+    tail = zlib.crc32(header[_CRC.size : RECORD_HEADER_SIZE])
+    return zlib.crc32(payload, tail) == _CRC.unpack_from(header)[0]
 
 
 def decode_record(buf: bytes | memoryview, msg_id: int) -> bytes:
