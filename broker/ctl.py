@@ -102,7 +102,8 @@ def _list(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     path, default_columns, shape = LISTS[args.verb]
     rows = [shape(r) for r in client.get(path(args))]
     columns = tuple(args.columns) or default_columns
-    unknown = [c for c in columns if rows and c not in rows[0]]
+    # a column some rows lack is empty in those (a quorum queue's leader on a classic queue)
+    unknown = [c for c in columns if rows and all(c not in r for r in rows)]
     if unknown:
         raise CtlError(f"unknown column(s) for {args.verb}: {', '.join(unknown)}", EX_USAGE)
     data = [{c: r.get(c) for c in columns} for r in rows]

@@ -18,6 +18,9 @@ from broker.policy import PolicyInvalid, parse_policy
 from broker.queue.amqqueue import AMQQueue
 from broker.queue.durability import LazyIndex, QueueDurability, StoreLink, StorePeer
 from broker.queue.priority_queue import PriorityQueue
+from broker.queue.quorum_log import MemberLog
+from broker.queue.quorum_queue import QuorumQueue
+from broker.queue.types import queue_class
 from broker.queue.variable_queue import VariableQueue
 from broker.routing.exchange import Exchange
 from broker.store import layout
@@ -153,8 +156,9 @@ class Durable:
             vhost = node.vhosts.get(qd.vhost)
             if vhost is None or qd.name in vhost.queues:
                 continue
-            q = AMQQueue(vhost, qd.name, durable=True, auto_delete=qd.auto_delete,
-                         arguments=dict(qd.arguments))
+            q = queue_class(qd.arguments)(vhost, qd.name, durable=True,
+                                          auto_delete=qd.auto_delete,
+                                          arguments=dict(qd.arguments))
             self.attach(q)
             recovered += q.recover()
             vhost.queues[qd.name] = q
@@ -185,6 +189,9 @@ class Durable:
         under queues/ (recovered at start); the others page into transient_queues/ (wiped at
         start) and the transient store."""
         s = self.node.settings
+        if isinstance(q, QuorumQueue):
+            self.attach_member(q)
+            return
         persistent = _persisted(q)
         if persistent:
             directory = self.queue_dir(q.vhost.name, q.name)
@@ -219,6 +226,22 @@ class Durable:
 
         max_priority = q.args.max_priority
         q.bq = PriorityQueue(max_priority, variable_queue) if max_priority else variable_queue(0)
+
+    def member_log(self, vhost: str, name: str) -> MemberLog:
+        """A quorum queue member's log on this node (its index directory, as a durable
+        queue's, and the persistent store)."""
+        s = self.node.settings
+        return MemberLog(self.queue_dir(vhost, name), self.persistent, name=f"{vhost}/{name}",
+                         embed_below=s.queue_index_embed_msgs_below,
+                         segment_entries=s.queue_index_segment_entries, fsync=str(s.fsync))
+
+    def attach_member(self, q: QuorumQueue) -> None:
+        """A quorum queue's member log; a new queue's (not restored from disk) is created
+        now, its first state written before declare-ok."""
+        member = self.member_log(q.vhost.name, q.name)
+        q.attach(member, self.node.settings.queue_index_segment_entries)
+        if not self._restoring:
+            member.create(epoch=max(q.epoch, 1))
 
     # -- changes from the vhosts ------------------------------------------------------------
     def changed(self, vhost: str, what: str, obj: Any) -> None:

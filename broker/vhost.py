@@ -29,6 +29,7 @@ from broker.queue.arguments import (
     validate_queue,
 )
 from broker.queue.dead_letter import is_cycle
+from broker.queue.types import queue_class
 from broker.routing.exchange import Exchange
 from broker.routing.router import may_have_cc, routing_keys
 from broker.routing.router import route as route_through
@@ -283,7 +284,7 @@ class VHost:
             return existing
         self.check_new_queue(name, arguments, durable=durable, exclusive=exclusive,
                              auto_delete=auto_delete, server_named=server_named)
-        q = AMQQueue(
+        q = queue_class(arguments)(
             self,
             name,
             durable=durable,

@@ -212,7 +212,15 @@ async def test_list_queues_shows_the_real_type(mb: MgmtBroker) -> None:
     done = await ctl(mb, "list_queues", "name", "type")
     assert done.returncode == 0, done.stderr
     rows = [line.split() for line in done.stdout.splitlines()]
-    assert ["ctl.quorum", "classic"] in rows and ["ctl.stream", "classic"] in rows
+    assert ["ctl.quorum", "quorum"] in rows and ["ctl.stream", "classic"] in rows
+    # a quorum queue's leader, members and online members, as rabbitmqctl's items
+    await ch.declare_queue("ctl.classic", auto_delete=True)  # a row without those columns
+    done = await ctl(mb, "--json", "list_queues", "name", "leader", "members", "online")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    assert {"name": "ctl.classic", "leader": None, "members": None, "online": None} in rows
+    row = next(r for r in rows if r["name"] == "ctl.quorum")
+    assert row["members"] == row["online"] == [row["leader"]] and row["leader"]
     sac = await ch.declare_queue("ctl.sac", auto_delete=True,
                                  arguments={"x-single-active-consumer": True})
 

@@ -24,6 +24,7 @@ from broker.cluster.membership import Member, Membership
 from broker.cluster.metadata import ClusterMetadata
 from broker.cluster.remote_queue import RemoteQueue
 from broker.queue.amqqueue import AMQQueue
+from broker.queue.types import queue_class
 from broker.store import layout
 from broker.store.definitions import decode_table, encode_table
 
@@ -288,9 +289,9 @@ class EtcdCluster:
                 # non-durable queue does not outlive its node (RabbitMQ deletes both)
                 self.metadata.forget_queue(vhost.name, name)
                 return
-            q = AMQQueue(vhost, name, durable=record["durable"],
-                         auto_delete=record["auto_delete"],
-                         arguments=decode_table(record["arguments"]))
+            arguments = decode_table(record["arguments"])
+            q = queue_class(arguments)(vhost, name, durable=record["durable"],
+                                       auto_delete=record["auto_delete"], arguments=arguments)
             durable = self.node.durable
             if durable is not None:
                 durable.new_queue(q)

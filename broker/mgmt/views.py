@@ -77,6 +77,8 @@ def queue_json(q: AMQQueue, stats: Stats, node_name: str) -> dict[str, Any]:
         "operator_policy": _name(q.args.applied.operator_policy),
         "effective_policy_definition": dict(q.args.applied.effective),
         **_paging(q),
+        # a replicated queue's members (RabbitMQ's quorum queue fields)
+        **{key: info[key] for key in ("leader", "members", "online") if key in info},
     }
 
 

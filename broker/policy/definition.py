@@ -88,16 +88,17 @@ _APPLIED = {
     "max-length-bytes": _integer(0, "maximum length in bytes"),
     "overflow": _one_of(OVERFLOW_MODES, "overflow value"),
     "queue-mode": _one_of(QUEUE_MODES, "queue-mode value"),
+    # quorum queues
+    "delivery-limit": _integer(0, "delivery limit"),
+    "dead-letter-strategy": _one_of(("at-most-once", "at-least-once"), "dead letter strategy"),
 }
-# Keys RabbitMQ 3.10 accepts that mean nothing for Hare's classic queues (mirroring, quorum
-# and stream settings). Accepted, so a RabbitMQ definitions export loads, and logged as
+# Keys RabbitMQ 3.10 accepts that mean nothing for Hare's queues (mirroring, stream settings,
+# a quorum queue's placement). Accepted, so a RabbitMQ definitions export loads, and logged as
 # having no effect by whoever stores the policy.
 INERT_KEYS = {
     "max-in-memory-length": _integer(0, "maximum memory in bytes"),  # sic, RabbitMQ's text
     "max-in-memory-bytes": _integer(0, "maximum memory in bytes"),
-    "delivery-limit": _integer(0, "delivery limit"),
     "queue-version": _one_of((1, 2), "queue-version value"),
-    "dead-letter-strategy": _one_of(("at-most-once", "at-least-once"), "dead letter strategy"),
     "ha-mode": _anything, "ha-params": _anything, "ha-sync-mode": _anything,
     "ha-sync-batch-size": _anything, "ha-promote-on-shutdown": _anything,
     "ha-promote-on-failure": _anything, "queue-master-locator": _anything,

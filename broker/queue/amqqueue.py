@@ -385,7 +385,7 @@ class AMQQueue:
             if entry is None:
                 break
             expired = True
-            if self._dead_letter(entry[1], dlx.EXPIRED):
+            if self._dead_letter(entry[1], dlx.EXPIRED, entry[0]):
                 self.bq.ack((entry[0],))
             else:  # it stays at the head, no longer to expire
                 self.bq.restore((entry[0],))
@@ -426,11 +426,12 @@ class AMQQueue:
         self.vhost.delete_queue(self)
 
     # -- dead-lettering ---------------------------------------------------------------------
-    def _dead_letter(self, msg: Message, reason: str) -> bool:
+    def _dead_letter(self, msg: Message, reason: str, seq: int = -1) -> bool:
         """Dead-letter `msg` (or let it go: no dead-letter exchange). False when that failed:
         the caller keeps the message where it was, as RabbitMQ would not lose it either. A
         stored message always decodes (the channel checks each publish), so this is for
-        messages stored before that check, and for bugs: logged once, never raised."""
+        messages stored before that check, and for bugs: logged once, never raised. `seq`:
+        its place in this queue, when it is still pending there (the caller acks it next)."""
         exchange = self.args.dlx
         if exchange is None:
             return True
@@ -491,7 +492,8 @@ class AMQQueue:
                 break
             # an expired message leaves, unless it cannot be dead-lettered: then it is
             # delivered as if it had not expired, rather than lost
-            if entry[3] and entry[3] < now and self._dead_letter(entry[1], dlx.EXPIRED):
+            if entry[3] and entry[3] < now and self._dead_letter(entry[1], dlx.EXPIRED,
+                                                                 entry[0]):
                 if not c.no_ack:
                     bq.ack((entry[0],))
                 continue
@@ -530,7 +532,8 @@ class AMQQueue:
             if entry is None:  # nothing readable was left
                 break
             # an expired message leaves, unless it cannot be dead-lettered (see _deliver_to)
-            if entry[3] and entry[3] < now and self._dead_letter(entry[1], dlx.EXPIRED):
+            if entry[3] and entry[3] < now and self._dead_letter(entry[1], dlx.EXPIRED,
+                                                                 entry[0]):
                 if ack_required:
                     bq.ack((entry[0],))
                 continue
@@ -555,7 +558,7 @@ class AMQQueue:
             if entry is None:
                 return None
             expired = entry[3] and entry[3] < time.monotonic()
-            if expired and self._dead_letter(entry[1], dlx.EXPIRED):  # (see _deliver_to)
+            if expired and self._dead_letter(entry[1], dlx.EXPIRED, entry[0]):  # _deliver_to
                 if ack_required:
                     self.bq.ack((entry[0],))
                 continue
@@ -583,13 +586,17 @@ class AMQQueue:
             self.bq.requeue(seqs)
             self._ttl_dirty = True  # a requeued message may have expired meanwhile: drop it
         else:
-            kept = [seq for seq, msg in self.bq.pending_messages(seqs)
-                    if not self._dead_letter(msg, dlx.REJECTED)]
-            gone = set(kept)
-            self.bq.ack([s for s in seqs if s not in gone] if gone else seqs)
-            if kept:  # could not be dead-lettered: back in the queue, as for requeue=true
-                self.bq.requeue(kept)
+            self._discard(seqs, dlx.REJECTED)
         self.wake()
+
+    def _discard(self, seqs: list[int], reason: str) -> None:
+        """Pending messages leave the queue, dead-lettered for `reason` (or dropped)."""
+        kept = [seq for seq, msg in self.bq.pending_messages(seqs)
+                if not self._dead_letter(msg, reason, seq)]
+        gone = set(kept)
+        self.bq.ack([s for s in seqs if s not in gone] if gone else seqs)
+        if kept:  # could not be dead-lettered: back in the queue, as for requeue=true
+            self.bq.requeue(kept)
 
     def requeue(self, seqs: list[int]) -> None:
         if seqs and not self.deleted:

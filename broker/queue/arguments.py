@@ -12,7 +12,7 @@ argument another type takes and this one does not (406 "... of queue type rabbit
 then the properties a replicated type requires (durable, not exclusive, not auto-delete). A
 redeclare is compared on the type's arguments. Arguments no type knows pass unchecked.
 `quorum` is broker/queue/quorum_queue.py; `stream` is accepted and served by a classic queue
-(`QueueArgs.TYPE` says what the queue really is)."""
+(`QueueArgs.kind` says what the queue really is)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ QUEUE_ARGUMENTS: dict[str, frozenset[str]] = {
         "x-initial-cluster-size", "x-queue-leader-locator")),
 }
 _ANY_TYPE = frozenset().union(*QUEUE_ARGUMENTS.values())
-SERVED_TYPES = ("classic",)  # the types Hare has; the others are served as classic queues
+SERVED_TYPES = ("classic", "quorum")  # the types Hare has; the others are served as classic queues
 REPLICATED_TYPES = ("quorum", "stream")  # durable, not exclusive, not auto-delete
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 QUEUE_MODES = ("default", "lazy")  # lazy: every body paged out as it arrives (FLOW.md)

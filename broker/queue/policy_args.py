@@ -1,10 +1,15 @@
 """A queue's effective argument table: what the client declared, resolved against the
 effective policy definition (policy and operator policy already merged by broker.policy), as
-RabbitMQ's rabbit_queue_type_util:args_policy_lookup does, key by key:
+RabbitMQ's rabbit_queue_type_util:args_policy_lookup does, key by key and per queue type:
 
-- message-ttl, expires, max-length, max-length-bytes: the smaller of argument and policy;
-- dead-letter-exchange, dead-letter-routing-key, overflow, queue-mode: the argument wins;
-- either one alone is used as it is; other arguments pass through unchanged.
+- classic: message-ttl, expires, max-length, max-length-bytes: the smaller of argument and
+  policy; dead-letter-exchange, dead-letter-routing-key, overflow, queue-mode: the argument
+  wins;
+- quorum (rabbit_quorum_queue): message-ttl, max-length, max-length-bytes, delivery-limit: the
+  smaller; expires, overflow: the policy wins; dead-letter-exchange, -routing-key, -strategy:
+  the argument wins;
+- either one alone is used as it is; a key the type does not take is ignored (RabbitMQ's
+  unsupported_policies); other arguments pass through unchanged.
 
 The result is what broker.queue.arguments.QueueArgs is built from. The queue asks this at
 declare and on every policy change, never per message."""
@@ -33,8 +38,18 @@ class AppliedPolicies(NamedTuple):
 
 NO_POLICIES = AppliedPolicies(None, None, {})
 
-_SMALLER = ("message-ttl", "expires", "max-length", "max-length-bytes")
-_ARGUMENT_WINS = ("dead-letter-exchange", "dead-letter-routing-key", "overflow", "queue-mode")
+_SMALLER, _ARGUMENT, _POLICY = "smaller", "argument", "policy"
+# what each type takes from a policy, and which one wins when the queue has the argument too
+_RULES: dict[str, dict[str, str]] = {
+    "classic": {"message-ttl": _SMALLER, "expires": _SMALLER, "max-length": _SMALLER,
+                "max-length-bytes": _SMALLER, "dead-letter-exchange": _ARGUMENT,
+                "dead-letter-routing-key": _ARGUMENT, "overflow": _ARGUMENT,
+                "queue-mode": _ARGUMENT},
+    "quorum": {"message-ttl": _SMALLER, "expires": _POLICY, "max-length": _SMALLER,
+               "max-length-bytes": _SMALLER, "delivery-limit": _SMALLER, "overflow": _POLICY,
+               "dead-letter-exchange": _ARGUMENT, "dead-letter-routing-key": _ARGUMENT,
+               "dead-letter-strategy": _ARGUMENT},
+}
 
 
 def effective_arguments(arguments: Mapping[str, Any],
@@ -44,14 +59,15 @@ def effective_arguments(arguments: Mapping[str, Any],
     out = dict(arguments)
     if not policy:
         return out
-    for key in (*_SMALLER, *_ARGUMENT_WINS):
+    rules = _RULES.get(out.get("x-queue-type") or "classic", _RULES["classic"])
+    for key, rule in rules.items():
         value = policy.get(key)
         if value is None:
             continue
         arg = "x-" + key
         have = out.get(arg)
-        if have is None:
+        if have is None or rule == _POLICY:
             out[arg] = value
-        elif key in _SMALLER:
+        elif rule == _SMALLER and isinstance(have, int):
             out[arg] = min(have, value)
     return out

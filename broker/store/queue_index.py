@@ -345,6 +345,11 @@ class QueueIndex:
         self._limit_open_files()
         return out
 
+    def count(self) -> int:
+        """How many entries are un-acked (from the state arrays: no file is read)."""
+        with self._lock:
+            return sum(seg.unacked for seg in self._segments.values())
+
     def bounds(self) -> tuple[int, int]:
         """(lowest un-acked seq_id, next seq_id); (next, next) when nothing is un-acked."""
         with self._lock:

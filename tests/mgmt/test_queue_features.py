@@ -55,12 +55,12 @@ async def test_plain_and_exclusive_consumers_are_up(mgmt: MgmtBroker) -> None:
     await conn.close()
 
 
-async def test_quorum_queue_shows_its_real_type(mgmt: MgmtBroker) -> None:
+async def test_stream_queue_shows_its_real_type(mgmt: MgmtBroker) -> None:
     conn = await aio_pika.connect(mgmt.url)
     ch = await conn.channel()
-    await ch.declare_queue("mgmt.quorum", durable=True, arguments={"x-queue-type": "quorum"})
-    body = mgmt.get("/api/queues/%2F/mgmt.quorum")
+    await ch.declare_queue("mgmt.stream", durable=True, arguments={"x-queue-type": "stream"})
+    body = mgmt.get("/api/queues/%2F/mgmt.stream")
     assert body["type"] == "classic"
-    assert body["arguments"] == {"x-queue-type": "quorum"}  # what the client asked for
-    await ch.queue_delete("mgmt.quorum")
+    assert body["arguments"] == {"x-queue-type": "stream"}  # what the client asked for
+    await ch.queue_delete("mgmt.stream")
     await conn.close()

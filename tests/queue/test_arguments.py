@@ -1,5 +1,5 @@
 """Queue and consumer x-argument validation through pika, with RabbitMQ 3.10.8's reply codes and
-texts, and x-queue-type: quorum/stream accepted as classic queues, with a warning."""
+texts, and x-queue-type: stream accepted as a classic queue, with a warning."""
 
 from __future__ import annotations
 
@@ -97,21 +97,21 @@ def test_replicated_types_refuse_what_rabbitmq_refuses(conn, qtype, key):
     )
 
 
-def test_quorum_queue_is_a_classic_queue_with_a_warning(broker, conn):
-    name = f"quorum-{next(_n)}"
+def test_stream_queue_is_a_classic_queue_with_a_warning(broker, conn):
+    name = f"stream-{next(_n)}"
     ch = conn.channel()
-    ch.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+    ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
     ch.basic_publish("", name, b"works")
     _, _, body = ch.basic_get(name, auto_ack=True)
     assert body == b"works"
     warnings = [json.loads(line) for line in broker.log_path.read_text().splitlines()
                 if name in line]
-    assert any(w["level"] == "warning" and w.get("requested") == "quorum"
+    assert any(w["level"] == "warning" and w.get("requested") == "stream"
                and w.get("actual") == "classic" for w in warnings), warnings
     # redeclaring with the same type is fine, with another type inequivalent
-    ch.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+    ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
     with pytest.raises(ChannelClosedByBroker) as err:
-        ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
+        ch.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
     assert err.value.reply_code == 406
     assert "inequivalent arg 'x-queue-type'" in err.value.reply_text
     conn.channel().queue_delete(name)

@@ -1,0 +1,15 @@
+"""Which class serves a queue of each x-queue-type (RabbitMQ's rabbit_queue_type:discover)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.queue.amqqueue import AMQQueue
+from broker.queue.quorum_queue import QuorumQueue
+
+__all__ = ["queue_class"]
+
+
+def queue_class(arguments: dict[str, Any]) -> type[AMQQueue]:
+    """The class of a queue declared with these (validated) arguments."""
+    return QuorumQueue if arguments.get("x-queue-type") == "quorum" else AMQQueue
