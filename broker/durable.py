@@ -20,6 +20,7 @@ from broker.queue.durability import LazyIndex, QueueDurability, StoreLink, Store
 from broker.queue.priority_queue import PriorityQueue
 from broker.queue.quorum_log import MemberLog
 from broker.queue.quorum_queue import QuorumQueue
+from broker.queue.stream_queue import StreamQueue
 from broker.queue.types import queue_class
 from broker.queue.variable_queue import VariableQueue
 from broker.routing.exchange import Exchange
@@ -34,6 +35,7 @@ from broker.store.definitions import (
 )
 from broker.store.msg_store import MsgStore
 from broker.store.queue_index import QueueIndex, msg_refs, remove_orphans
+from broker.store.stream_log import StreamLog, remove_orphan_streams
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -50,6 +52,7 @@ class Durable:
         root = Path(s.data_dir)
         self.root = root
         self.queues_root = root / layout.QUEUES
+        self.streams_root = root / layout.STREAMS
         self.transient_root = root / layout.TRANSIENT_QUEUES
         self._transient_ids = 0
         self.definitions = Definitions(root / layout.DEFINITIONS)
@@ -79,12 +82,18 @@ class Durable:
             # an index whose queue is gone (deleted, then a crash) must not keep bodies alive
             keep = [self.queue_dir(qd.vhost, qd.name) for qd in self.definitions.queues()]
             remove_orphans(self.queues_root, keep)
+            remove_orphan_streams(self.streams_root, [self.stream_dir(qd.vhost, qd.name)
+                                                      for qd in self.definitions.queues()])
             shutil.rmtree(self.transient_root, ignore_errors=True)  # pages of a past run
             await self.persistent.start(
                 refs=lambda: msg_refs(self.queues_root, segment_entries)
             )
             await self.transient.start()
-            self._restore_topology()
+            streams = self._restore_topology()
+            for q in streams:  # each log recovers its tail in a thread, then the queue starts
+                assert q.log is not None
+                await q.log.open()
+                q.start()
         finally:
             self._restoring = False
 
@@ -92,6 +101,8 @@ class Durable:
         for vhost in self.node.vhosts.values():
             for q in list(vhost.queues.values()):
                 q.close()
+                if isinstance(q, StreamQueue) and q.log is not None:
+                    await q.log.close()
         await self.persistent.stop()
         await self.transient.stop()
         self.definitions.close()
@@ -140,8 +151,11 @@ class Durable:
             if vhost is not None:
                 vhost.params.set_limits(limits)
 
-    def _restore_topology(self) -> None:
+    def _restore_topology(self) -> list[StreamQueue]:
+        """Exchanges, queues (classic ones recovered and started; the streams returned to be
+        opened and started) and bindings."""
         node, db = self.node, self.definitions
+        streams: list[StreamQueue] = []
         for xd in db.exchanges():
             vhost = node.vhosts.get(xd.vhost)
             if vhost is None or xd.name in vhost.exchanges:
@@ -155,6 +169,13 @@ class Durable:
         for qd in db.queues():
             vhost = node.vhosts.get(qd.vhost)
             if vhost is None or qd.name in vhost.queues:
+                continue
+            if qd.arguments.get("x-queue-type") == "stream":
+                stream = StreamQueue(vhost, qd.name, arguments=dict(qd.arguments))
+                stream.log = self._stream_log(stream)
+                vhost.queues[qd.name] = stream
+                vhost.params.apply_to_queue(stream)  # type: ignore[arg-type]
+                streams.append(stream)
                 continue
             q = queue_class(qd.arguments)(vhost, qd.name, durable=True,
                                           auto_delete=qd.auto_delete,
@@ -179,10 +200,18 @@ class Durable:
                 src.bind(dst, bd.routing_key, dict(bd.arguments))
         log.info("definitions restored", exchanges=len(db.exchanges()),
                  queues=len(db.queues()), bindings=len(db.bindings()), messages=recovered)
+        return streams
 
     # -- queues -----------------------------------------------------------------------------
     def queue_dir(self, vhost: str, name: str) -> Path:
         return self.queues_root / layout.queue_dir_name(vhost, name)
+
+    def stream_dir(self, vhost: str, name: str) -> Path:
+        return self.streams_root / layout.queue_dir_name(vhost, name)
+
+    def _stream_log(self, q: StreamQueue) -> StreamLog:
+        return StreamLog(self.stream_dir(q.vhost.name, q.name), name=f"{q.vhost.name}/{q.name}",
+                         fsync=str(self.node.settings.fsync))
 
     def attach(self, q: AMQQueue) -> None:
         """Give a queue its variable queue and disk side. Durable queues keep their index
@@ -300,13 +329,17 @@ class Durable:
             else:
                 db.delete_binding(bd)
 
-    def new_queue(self, q: AMQQueue) -> None:
-        """A queue was declared: give it its backing queue."""
-        if q.durability is None:
+    def new_queue(self, q: AMQQueue | StreamQueue) -> None:
+        """A queue was declared: give it its backing queue (a stream: its log, empty)."""
+        if isinstance(q, StreamQueue):
+            if q.log is None:
+                q.log = self._stream_log(q)
+                q.log.open_now()
+        elif q.durability is None:
             self.attach(q)
 
 
 
 def _persisted(q: object) -> bool:
     """A durable queue of this node's (a cluster's queues homed elsewhere are not ours)."""
-    return isinstance(q, AMQQueue) and q.durable and q.exclusive_owner is None
+    return isinstance(q, AMQQueue | StreamQueue) and q.durable and q.exclusive_owner is None

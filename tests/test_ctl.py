@@ -212,7 +212,7 @@ async def test_list_queues_shows_the_real_type(mb: MgmtBroker) -> None:
     done = await ctl(mb, "list_queues", "name", "type")
     assert done.returncode == 0, done.stderr
     rows = [line.split() for line in done.stdout.splitlines()]
-    assert ["ctl.quorum", "quorum"] in rows and ["ctl.stream", "classic"] in rows
+    assert ["ctl.quorum", "quorum"] in rows and ["ctl.stream", "stream"] in rows
     # a quorum queue's leader, members and online members, as rabbitmqctl's items
     await ch.declare_queue("ctl.classic", auto_delete=True)  # a row without those columns
     done = await ctl(mb, "--json", "list_queues", "name", "leader", "members", "online")

@@ -14,6 +14,7 @@ from broker.message import Message
 from broker.protocol.constants import NOT_FOUND
 from broker.protocol.errors import ChannelError
 from broker.queue.arguments import QueueArgs
+from broker.queue.stream_queue import check_stream_consume, not_supported
 from broker.store.definitions import decode_table
 
 if TYPE_CHECKING:
@@ -117,6 +118,13 @@ class RemoteQueue:
         return link
 
     # -- consumers and acks, over the link --------------------------------------------------
+    def check_consume(self, *, no_ack: bool, prefetch: int, global_prefetch: int,
+                      arguments: dict[str, Any] | None) -> None:
+        """The home queue's type decides, here, before consume-ok: a stream's rules."""
+        if self.args.kind == "stream":
+            check_stream_consume(self.name, self.vhost.name, no_ack=no_ack, prefetch=prefetch,
+                                 global_prefetch=global_prefetch, arguments=arguments)
+
     def add_consumer(self, consumer: Consumer) -> None:
         self._link().subscribe(self, consumer)
         self.consumers.append(consumer)
@@ -147,13 +155,20 @@ class RemoteQueue:
         self._settle("ack", list(seqs))
 
     def reject(self, seqs: list[int], requeue: bool) -> None:
+        self._stream_refuses("basic.nack and basic.reject")
         self._settle("reject", seqs, requeue)
+
+    def _stream_refuses(self, what: str) -> None:
+        """What a stream refuses is refused here, as on its home node."""
+        if self.args.kind == "stream":
+            raise not_supported(what, self.name, self.vhost.name)
 
     def requeue(self, seqs: list[int]) -> None:
         self._settle("reject", seqs, True)
 
     async def get(self, ack_required: bool) -> tuple[Entry, int] | None:
         """basic.get, answered by the home node."""
+        self._stream_refuses("basic.get")
         reply = await self._call({"op": "get", "ack": ack_required})
         if reply.get("empty"):
             return None
@@ -167,6 +182,7 @@ class RemoteQueue:
         return int(reply.get("messages", 0)), int(reply.get("consumers", 0))
 
     async def purge(self) -> int:
+        self._stream_refuses("queue.purge")
         return int((await self._call({"op": "purge"})).get("count", 0))
 
     async def _call(self, message: dict[str, Any]) -> dict[str, Any]:

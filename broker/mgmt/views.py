@@ -38,6 +38,10 @@ __all__ = [
 # estimate for the `memory` field, as Python cannot cheaply measure one queue's share.
 _PER_MESSAGE_BYTES = 200
 _PER_QUEUE_BYTES = 2048
+# what a stream adds (RabbitMQ's committed_offset and segments; the first and last offset and
+# the bytes of its segment files are Hare's)
+_STREAM_FIELDS = ("first_offset", "last_offset", "committed_offset", "segments",
+                  "stream_bytes")
 
 
 def queue_json(q: AMQQueue, stats: Stats, node_name: str) -> dict[str, Any]:
@@ -79,6 +83,7 @@ def queue_json(q: AMQQueue, stats: Stats, node_name: str) -> dict[str, Any]:
         **_paging(q),
         # a replicated queue's members (RabbitMQ's quorum queue fields)
         **{key: info[key] for key in ("leader", "members", "online") if key in info},
+        **{key: info[key] for key in _STREAM_FIELDS if key in info},
     }
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.queue.arguments import OVERFLOW_MODES, QUEUE_MODES
+from broker.queue.stream_queue import max_age_ms
 
 __all__ = [
     "APPLY_TO",
@@ -77,6 +78,11 @@ def _anything(value: Any) -> str | None:
     return None
 
 
+def _max_age(value: Any) -> str | None:
+    ok = isinstance(value, str) and max_age_ms(value) is not None
+    return None if ok else f"{erlang_term(value)} is not a valid max age"
+
+
 # The keys Hare applies, with RabbitMQ's validation (rabbit_policies).
 _APPLIED = {
     "alternate-exchange": _text("alternate exchange name"),
@@ -91,9 +97,12 @@ _APPLIED = {
     # quorum queues
     "delivery-limit": _integer(0, "delivery limit"),
     "dead-letter-strategy": _one_of(("at-most-once", "at-least-once"), "dead letter strategy"),
+    # streams (broker/queue/stream_queue.py)
+    "max-age": _max_age,
+    "stream-max-segment-size-bytes": _integer(0, "segment size"),
 }
-# Keys RabbitMQ 3.10 accepts that mean nothing for Hare's queues (mirroring, stream settings,
-# a quorum queue's placement). Accepted, so a RabbitMQ definitions export loads, and logged as
+# Keys RabbitMQ 3.10 accepts that mean nothing for Hare's queues (mirroring, a quorum queue's
+# or a stream's placement). Accepted, so a RabbitMQ definitions export loads, and logged as
 # having no effect by whoever stores the policy.
 INERT_KEYS = {
     "max-in-memory-length": _integer(0, "maximum memory in bytes"),  # sic, RabbitMQ's text
@@ -103,7 +112,6 @@ INERT_KEYS = {
     "ha-sync-batch-size": _anything, "ha-promote-on-shutdown": _anything,
     "ha-promote-on-failure": _anything, "queue-master-locator": _anything,
     "queue-leader-locator": _anything, "initial-cluster-size": _anything,
-    "max-age": _anything, "stream-max-segment-size-bytes": _anything,
 }
 # What an operator policy may set (rabbit_policies' operator policy validator).
 _OPERATOR_KEYS = ("expires", "message-ttl", "max-length", "max-length-bytes",

@@ -32,6 +32,7 @@ __all__ = [
     "MAX_TABLE_DEPTH",
     "MalformedProperties",
     "TableTooDeep",
+    "append_header",
     "check_properties",
     "decode_properties",
     "decode_table",
@@ -312,6 +313,36 @@ def _field_end(buf: bytes, pos: int) -> int:
     if size is not None:
         return pos + 1 + size
     return pos + 1 + 4 + _U32.unpack_from(buf, pos + 1)[0]
+
+
+def append_header(props: bytes, name: bytes, value: bytes) -> bytes:
+    """`props` with the header field `name` (its shortstr bytes, without the length) set to
+    `value` (encode_field_value bytes) at the end of the headers table: what a stream stamps
+    on every message it appends (x-stream-offset). Without a continuation word or a field of
+    that name already there, the block is spliced without being walked: a block with no
+    headers gets a table after content_type and content_encoding, one with headers gets the
+    field at the end of its table. Else rewrite_properties does it."""
+    if len(props) < 2:
+        props = b"\x00\x00"  # no property at all
+    if props[1] & 1 or name in props:
+        return rewrite_properties(props, add_headers={name.decode(): value})
+    field = bytes((len(name),)) + name + value
+    pos = 2
+    if props[0] & 0x80:  # content_type
+        pos += 1 + props[pos]
+    if props[0] & 0x40:  # content_encoding
+        pos += 1 + props[pos]
+    if pos > len(props):
+        raise MalformedProperties("a short string property is truncated")
+    if not props[0] & 0x20:
+        return b"".join((bytes((props[0] | 0x20, props[1])), props[2:pos],
+                         _U32.pack(len(field)), field, props[pos:]))
+    size = _U32.unpack_from(props, pos)[0]
+    end = pos + 4 + size
+    if end > len(props):
+        raise MalformedProperties("the headers table is truncated")
+    return b"".join((props[:pos], _U32.pack(size + len(field)), props[pos + 4:end], field,
+                     props[end:]))
 
 
 def rewrite_properties(

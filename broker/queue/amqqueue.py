@@ -620,6 +620,10 @@ class AMQQueue:
             total += count
         return total
 
+    def check_consume(self, *, no_ack: bool, prefetch: int, global_prefetch: int,
+                      arguments: dict[str, Any] | None) -> None:
+        """A classic queue takes every consumer the channel's own checks let through."""
+
     def add_consumer(self, consumer: Consumer) -> None:
         self.drain()
         self.consumers.append(consumer)

@@ -11,7 +11,7 @@ order: `x-queue-type` itself, then the values of the arguments the type takes, t
 argument another type takes and this one does not (406 "... of queue type rabbit_T_queue"),
 then the properties a replicated type requires (durable, not exclusive, not auto-delete). A
 redeclare is compared on the type's arguments. Arguments no type knows pass unchecked.
-`quorum` is broker/queue/quorum_queue.py; `stream` is accepted and served by a classic queue
+`quorum` is broker/queue/quorum_queue.py, `stream` broker/queue/stream_queue.py
 (`QueueArgs.kind` says what the queue really is)."""
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ __all__ = [
     "DEAD_LETTER_STRATEGIES",
     "LEADER_LOCATORS",
     "MAX_PRIORITY",
+    "MAX_STREAM_SEGMENT_BYTES",
     "OVERFLOW_MODES",
     "QUEUE_ARGUMENTS",
     "QUEUE_MODES",
@@ -64,7 +65,8 @@ QUEUE_ARGUMENTS: dict[str, frozenset[str]] = {
         "x-initial-cluster-size", "x-queue-leader-locator")),
 }
 _ANY_TYPE = frozenset().union(*QUEUE_ARGUMENTS.values())
-SERVED_TYPES = ("classic", "quorum")  # the types Hare has; the others are served as classic queues
+SERVED_TYPES = ("classic", "quorum", "stream")  # the types Hare has
+MAX_STREAM_SEGMENT_BYTES = 3_000_000_000  # RabbitMQ's ?MAX_STREAM_MAX_SEGMENT_SIZE
 REPLICATED_TYPES = ("quorum", "stream")  # durable, not exclusive, not auto-delete
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 QUEUE_MODES = ("default", "lazy")  # lazy: every body paged out as it arrives (FLOW.md)
@@ -296,6 +298,10 @@ def validate_queue(
                     PRECONDITION_FAILED,
                     f"invalid property '{prop}' for queue '{name}' in vhost '{vhost}'",
                 )
+    segment = arguments.get("x-stream-max-segment-size-bytes")
+    if queue_type == "stream" and _is_int(segment) and segment > MAX_STREAM_SEGMENT_BYTES:
+        raise ChannelError(PRECONDITION_FAILED,
+                           "Exceeded max value for x-stream-max-segment-size-bytes")
 
 
 def compared_args(queue_type: str) -> frozenset[str]:

@@ -6,10 +6,16 @@ from typing import Any
 
 from broker.queue.amqqueue import AMQQueue
 from broker.queue.quorum_queue import QuorumQueue
+from broker.queue.stream_queue import StreamQueue
 
 __all__ = ["queue_class"]
 
 
-def queue_class(arguments: dict[str, Any]) -> type[AMQQueue]:
+def queue_class(arguments: dict[str, Any]) -> type[AMQQueue] | type[StreamQueue]:
     """The class of a queue declared with these (validated) arguments."""
-    return QuorumQueue if arguments.get("x-queue-type") == "quorum" else AMQQueue
+    kind = arguments.get("x-queue-type")
+    if kind == "quorum":
+        return QuorumQueue
+    if kind == "stream":
+        return StreamQueue
+    return AMQQueue

@@ -592,6 +592,9 @@ class Channel:
                 ACCESS_REFUSED,
                 f"queue '{q.name}' in vhost '{self.vhost.name}' in exclusive use",
             )
+        # the queue type's own rules (a stream's: prefetch, manual acks, x-stream-offset)
+        q.check_consume(no_ack=m.no_ack, prefetch=self.prefetch_count,
+                        global_prefetch=self.global_prefetch, arguments=m.arguments)
         priority = consumer_priority(m.arguments, q.name, self.vhost.name)
         consumer = Consumer(
             tag,

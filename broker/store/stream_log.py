@@ -19,7 +19,9 @@ import concurrent.futures
 import errno
 import os
 import shutil
+import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,7 +46,7 @@ from broker.store.stream_format import (
     segment_path,
 )
 
-__all__ = ["CHUNK_MAX_BYTES", "StreamLog", "StreamSegment"]
+__all__ = ["CHUNK_MAX_BYTES", "StreamLog", "StreamSegment", "remove_orphan_streams"]
 
 log = structlog.get_logger("hare.stream")
 
@@ -119,6 +121,7 @@ class StreamLog:
         self._wake = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._closing = False
+        self._deleted = False
         self._retention_timer: asyncio.TimerHandle | None = None
         # the writer's side, touched only by the job running in the worker thread
         self._seg_fd = -1
@@ -127,13 +130,23 @@ class StreamLog:
         self._cur_size = 0
         self._cur_chunks = 0
         self._in_flight: concurrent.futures.Future[Any] | None = None
+        self._lock = threading.Lock()  # one disk job of this log at a time (a delete waits)
         self.write_failures = 0
 
     # -- life cycle -------------------------------------------------------------------------
     async def open(self) -> None:
-        """Recover what is on disk (a torn tail cut off, missing index entries rebuilt) and
-        start the flusher."""
+        """Recover what is on disk (a torn tail cut off, missing index entries rebuilt) in a
+        worker thread, and start the flusher."""
         await self._in_thread(self._recover)
+        self._start()
+
+    def open_now(self) -> None:
+        """open() for a stream just declared: its directory is new, so recovery reads
+        nothing and runs on the loop."""
+        self._recover()
+        self._start()
+
+    def _start(self) -> None:
         self._flusher = asyncio.get_running_loop().create_task(
             self._run_flusher(), name=f"stream:{self.name}")
         self._arm_retention()
@@ -201,7 +214,11 @@ class StreamLog:
         self._wake.set()
         if self._flusher is not None:
             await self._flusher
-        await self._in_thread(self._close_files, True)
+        await self._in_thread(self._close_locked)
+
+    def _close_locked(self) -> None:
+        with self._lock:
+            self._close_files(True)
 
     async def close_dirty(self) -> None:
         """Stop as a crash would: chunks not yet written are dropped (tests)."""
@@ -221,11 +238,30 @@ class StreamLog:
                 pass
         self._close_files(False)
 
-    async def delete(self) -> None:
-        """The stream is deleted: its files go."""
-        await self.close_dirty()
-        await asyncio.get_running_loop().run_in_executor(
-            _EXECUTOR, shutil.rmtree, self.directory, True)
+    def delete(self) -> None:
+        """The stream is deleted: what was not written is dropped, the directory is renamed
+        aside at once (a new stream of the same name starts empty) and removed by a worker
+        thread once the write under way, if any, is done."""
+        self._closing = self._deleted = True
+        if self._retention_timer is not None:
+            self._retention_timer.cancel()
+        if self._flusher is not None:
+            self._flusher.cancel()
+        self._pending.clear()
+        self._settled = self.next_offset
+        self._wake_syncs()
+        gone = self.directory.with_name(f".deleted-{self.directory.name}-{uuid.uuid4().hex[:8]}")
+        try:
+            self.directory.rename(gone)
+        except OSError:
+            gone = self.directory
+        self.tail.clear()
+        _EXECUTOR.submit(self._remove, gone)
+
+    def _remove(self, directory: Path) -> None:
+        with self._lock:
+            self._close_files(False)
+        shutil.rmtree(directory, ignore_errors=True)
 
     def _close_files(self, sync: bool) -> None:
         for fd in (self._seg_fd, self._idx_fd):
@@ -302,6 +338,12 @@ class StreamLog:
         self._sync_waiters = waiting
 
     def _write(self, batch: list[_Pending]) -> list[tuple[ChunkInfo, bool]]:
+        with self._lock:
+            if self._deleted:
+                return []
+            return self._write_locked(batch)
+
+    def _write_locked(self, batch: list[_Pending]) -> list[tuple[ChunkInfo, bool]]:
         """In the worker thread: roll when the segment is full, write each segment's chunks
         and index entries with one pwrite each, fsync per policy. Returns each chunk's place
         and whether it opened a new segment."""
@@ -497,3 +539,20 @@ class StreamLog:
                 "bytes": self.bytes_on_disk, "messages": self.messages,
                 "pending_chunks": len(self._pending), "write_failures": self.write_failures}
 
+
+
+def remove_orphan_streams(root: Path, keep: list[Path]) -> list[Path]:
+    """Delete the stream directories under `root` no durable stream owns (deleted during a
+    crash, or renamed aside by a delete that did not finish). Returns what went."""
+    kept = {p.resolve() for p in keep}
+    removed = []
+    try:
+        found = sorted(p for p in root.iterdir() if p.is_dir())
+    except FileNotFoundError:
+        return []
+    for directory in found:
+        if directory.resolve() not in kept:
+            shutil.rmtree(directory, ignore_errors=True)
+            log.warning("stream orphan removed", directory=str(directory))
+            removed.append(directory)
+    return removed

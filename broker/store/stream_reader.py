@@ -75,6 +75,10 @@ class StreamReader:
                 break
         return out
 
+    def rewind(self, offset: int) -> None:
+        """Read from `offset` again (deliveries its consumer's writer could not take)."""
+        self.next = offset
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

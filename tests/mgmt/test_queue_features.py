@@ -60,7 +60,8 @@ async def test_stream_queue_shows_its_real_type(mgmt: MgmtBroker) -> None:
     ch = await conn.channel()
     await ch.declare_queue("mgmt.stream", durable=True, arguments={"x-queue-type": "stream"})
     body = mgmt.get("/api/queues/%2F/mgmt.stream")
-    assert body["type"] == "classic"
-    assert body["arguments"] == {"x-queue-type": "stream"}  # what the client asked for
+    assert body["type"] == "stream"
+    assert body["arguments"] == {"x-queue-type": "stream"}
+    assert (body["first_offset"], body["last_offset"], body["messages"]) == (0, -1, 0)
     await ch.queue_delete("mgmt.stream")
     await conn.close()

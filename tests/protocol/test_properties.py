@@ -16,6 +16,7 @@ from broker.protocol.properties import (
     MAX_TABLE_DEPTH,
     MalformedProperties,
     TableTooDeep,
+    append_header,
     check_properties,
     decode_properties,
     decode_table,
@@ -147,3 +148,33 @@ def test_rewrite_adds_a_table_where_there_was_none():
     out = rewrite_properties(raw, add_headers={"x-death": encode_field_value([{"count": 1}])})
     assert decode_properties(out).headers == {"x-death": [{"count": 1}]}
     assert decode_properties(out).delivery_mode == 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    headers=st.none() | st.dictionaries(st.text(max_size=10), values, max_size=4),
+    content_type=st.none() | st.text(max_size=10),
+    content_encoding=st.none() | st.text(max_size=5),
+    delivery_mode=st.none() | st.sampled_from([1, 2]),
+    offset=st.integers(0, 2**63 - 1),
+)
+def test_append_header_is_rewrite_without_the_walk(headers, content_type, content_encoding,
+                                                   delivery_mode, offset):
+    """A stream's x-stream-offset stamp: the same block rewrite_properties gives, field last."""
+    raw = commands.Basic.Properties(headers=headers, content_type=content_type,
+                                    content_encoding=content_encoding,
+                                    delivery_mode=delivery_mode, message_id="m").marshal()
+    value = b"L" + struct.pack(">q", offset)
+    out = append_header(raw, b"x-stream-offset", value)
+    assert out == rewrite_properties(raw, add_headers={"x-stream-offset": value})
+    got, before = decode_properties(out), decode_properties(raw)
+    assert list(got.headers)[-1] == "x-stream-offset" and got.headers["x-stream-offset"] == offset
+    for name in ("content_type", "content_encoding", "delivery_mode", "message_id"):
+        assert getattr(got, name) == getattr(before, name)
+
+
+def test_append_header_replaces_a_field_of_that_name():
+    raw = commands.Basic.Properties(headers={"x-stream-offset": "forged", "a": 1}).marshal()
+    out = append_header(raw, b"x-stream-offset", b"L" + struct.pack(">q", 7))
+    assert decode_properties(out).headers == {"a": 1, "x-stream-offset": 7}
+    assert append_header(b"", b"k", b"t\x01") == b"\x20\x00" + struct.pack(">I", 4) + b"\x01kt\x01"
