@@ -24,6 +24,7 @@ from broker.cluster.membership import Member, Membership
 from broker.cluster.metadata import ClusterMetadata
 from broker.cluster.remote_queue import RemoteQueue
 from broker.queue.amqqueue import AMQQueue
+from broker.queue.stream_queue import StreamQueue
 from broker.queue.types import queue_class
 from broker.store import layout
 from broker.store.definitions import decode_table, encode_table
@@ -282,7 +283,7 @@ class EtcdCluster:
         name = record["name"]
         existing = vhost.queues.get(name)
         if record["node"] == self.node.name:
-            if isinstance(existing, AMQQueue):
+            if isinstance(existing, AMQQueue | StreamQueue):
                 return
             if self._restarting and (record["exclusive"] or not record["durable"]):
                 # ours from before a restart: an exclusive queue's connection is gone, and a
@@ -303,7 +304,7 @@ class EtcdCluster:
             existing.shutdown()
         vhost.queues[name] = q
         vhost.params.apply_to_queue(q)  # type: ignore[arg-type]
-        if isinstance(q, AMQQueue):
+        if isinstance(q, AMQQueue | StreamQueue):
             q.start()
         vhost._changed("put_queue", q)
 

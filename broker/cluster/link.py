@@ -45,7 +45,9 @@ from broker.cluster.link_codec import (
 from broker.cluster.link_peers import LinkChannel, LinkSender
 from broker.message import Message
 from broker.queue.amqqueue import AMQQueue
+from broker.queue.stream_queue import StreamQueue
 from broker.server.listener import ListenerError
+from broker.store.definitions import encode_table
 
 if TYPE_CHECKING:
     from broker.cluster.etcd_cluster import EtcdCluster
@@ -208,7 +210,9 @@ class Link:
         self.control({"op": "sub", "cid": cid, "v": rq.vhost.name, "q": rq.name,
                       "tag": consumer.tag, "no_ack": consumer.no_ack,
                       "exclusive": consumer.exclusive, "prefetch": consumer.prefetch,
-                      "priority": consumer.priority})
+                      "priority": consumer.priority,
+                      # basic.consume's own arguments (a stream's x-stream-offset)
+                      "args": encode_table(consumer.arguments)})
 
     def unsubscribe(self, consumer: Consumer) -> None:
         cid = self._consumer_ids.pop(consumer, None)
@@ -235,7 +239,7 @@ class Link:
     def _local_queue(self, vhost: str, name: str) -> AMQQueue | None:
         v = self.cluster.node.vhosts.get(vhost)
         q = v.queues.get(name) if v is not None else None
-        return q if isinstance(q, AMQQueue) else None
+        return q if isinstance(q, AMQQueue | StreamQueue) else None  # type: ignore[return-value]
 
     def _on_publish(self, payload: bytes) -> None:
         sid, vhost, name, raw = decode_publish(payload)
@@ -278,6 +282,8 @@ class Link:
             if got is None:
                 return {"empty": True}
             (seq, msg, redelivered, _), remaining = got
+            if m["ack"]:
+                seq = self.channel.got(q, seq)  # settled like a delivery of the link's
             return {"seq": seq, "redelivered": redelivered, "exchange": msg.exchange,
                     "routing_key": msg.routing_key, "remaining": remaining,
                     "props": base64.b64encode(msg.props).decode(),
@@ -295,9 +301,7 @@ class Link:
         elif op == "bump":
             self._on_bump(m)
         elif op in ("ack", "reject"):
-            q = self._local_queue(m["v"], m["q"])
-            if q is not None:
-                self.channel.settle(q, m["seqs"], op, m["requeue"])
+            self.channel.settle(m["seqs"], op, m["requeue"])
         elif op == "sub":
             self.channel.subscribe(m)
         elif op == "unsub":

@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 from broker.cluster.link_codec import DeliverItem, encode_deliver
 from broker.flow.credit_flow import CreditFlow
 from broker.protocol.channel_state import ChannelState
+from broker.protocol.errors import AMQPError
 from broker.queue.consumer import Consumer
+from broker.store.definitions import decode_table
 
 if TYPE_CHECKING:
     from broker.cluster.link import Link
@@ -74,7 +76,10 @@ class LinkChannel:
         self.user = "(cluster)"
         self.consumers: dict[int, Consumer] = {}
         self._cids: dict[Consumer, int] = {}
-        self._unacked: dict[tuple[AMQQueue, int], Consumer] = {}
+        # deliveries the peer has not settled, by a number of the link's own (a queue's seq
+        # is not enough: two consumers of one stream read the same offsets)
+        self._unacked: dict[int, tuple[AMQQueue, int, Consumer | None]] = {}
+        self._next_id = 1
         self._out: dict[int, list[DeliverItem]] = {}
 
     def subscribe(self, m: dict[str, Any]) -> None:
@@ -83,7 +88,8 @@ class LinkChannel:
             self.link.control({"op": "cancel", "cid": m["cid"]})
             return
         c = Consumer(m["tag"], self, q, no_ack=m["no_ack"],  # type: ignore[arg-type]
-                     exclusive=m["exclusive"], prefetch=m["prefetch"], priority=m["priority"])
+                     exclusive=m["exclusive"], prefetch=m["prefetch"], priority=m["priority"],
+                     arguments=decode_table(m["args"]) if m.get("args") else None)
         self.consumers[m["cid"]] = c
         self._cids[c] = m["cid"]
         q.add_consumer(c)
@@ -99,7 +105,9 @@ class LinkChannel:
         seq, msg = entry[0], entry[1]
         if not consumer.no_ack:
             consumer.unacked += 1
-            self._unacked[(queue, seq)] = consumer
+            seq = self._next_id  # what the peer settles it by
+            self._next_id = seq + 1
+            self._unacked[seq] = (queue, entry[0], consumer)
         out = self._out.get(cid)
         if out is None:
             out = self._out[cid] = []
@@ -112,24 +120,38 @@ class LinkChannel:
             for cid, items in out.items():
                 self.link._out.extend(encode_deliver(cid, items))
 
-    def settle(self, q: AMQQueue, seqs: list[int], op: str, requeue: bool) -> None:
-        for seq in seqs:
-            c = self._unacked.pop((q, seq), None)
+    def got(self, queue: AMQQueue, seq: int) -> int:
+        """A basic.get of the peer's that must be acked: the number it settles it by."""
+        delivery = self._next_id
+        self._next_id = delivery + 1
+        self._unacked[delivery] = (queue, seq, None)
+        return delivery
+
+    def settle(self, ids: list[int], op: str, requeue: bool) -> None:
+        """The peer settled these deliveries (the link's numbers, see deliver)."""
+        by_queue: dict[AMQQueue, list[int]] = {}
+        for delivery in ids:
+            record = self._unacked.pop(delivery, None)
+            if record is None:
+                continue
+            q, seq, c = record
             if c is not None:
                 c.unacked -= 1
-        if op == "ack":
-            q.ack(seqs)
-        else:
-            q.reject(seqs, requeue)
+            by_queue.setdefault(q, []).append(seq)
+        for q, seqs in by_queue.items():
+            if op == "ack":
+                q.ack(seqs)
+                continue
+            try:
+                q.reject(seqs, requeue)
+            except AMQPError:
+                # a stream refuses reject: the peer refused its client's already; what is
+                # left is a closing channel's requeue, and a log has nothing to put back
+                pass
 
-    def requeue_for(self, cid: int, seqs: list[int]) -> None:
+    def requeue_for(self, cid: int, ids: list[int]) -> None:
         """Deliveries that reached the peer after its consumer was cancelled."""
-        by_queue: dict[AMQQueue, list[int]] = {}
-        for (q, seq) in list(self._unacked):
-            if seq in seqs:
-                by_queue.setdefault(q, []).append(seq)
-        for q, found in by_queue.items():
-            self.settle(q, found, "reject", True)
+        self.settle(ids, "reject", True)
 
     def consumer_cancelled_by_queue(self, consumer: Consumer) -> None:
         cid = self._cids.pop(consumer, None)
@@ -149,7 +171,7 @@ class LinkChannel:
         self.consumers.clear()
         self._cids.clear()
         by_queue: dict[AMQQueue, list[int]] = {}
-        for (q, seq) in self._unacked:
+        for q, seq, _ in self._unacked.values():
             by_queue.setdefault(q, []).append(seq)
         self._unacked.clear()
         for q, seqs in by_queue.items():
