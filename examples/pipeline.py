@@ -8,8 +8,11 @@
    sums orders and amounts per routing key per minute of event time. Each micro-batch appends
    its updated totals to Parquet and publishes them to the exchange "orders.totals".
 4. A plain consumer prints the totals as they arrive.
-5. The broker is stopped and Spark reads its data directory with "hare-store": a backlog report
-   of what the queues still hold.
+5. The same events, kept in the stream "orders.feed", are replayed from its first offset by a
+   second query with the "amqp-stream" source into Parquet: each event exactly once, however
+   often the query is restarted.
+6. The broker is stopped and Spark reads its data directory with "hare-store": a backlog report
+   of what the queues and the stream still hold.
 
 Spark's Python workers must import `broker`: PYSPARK_PYTHON names their interpreter, and
 local_session() points it at this one unless you set it (see docs/SPARK.md).
@@ -33,6 +36,7 @@ import pika
 EVENTS = "orders"
 EVENTS_QUEUE = "orders.events"
 AUDIT_QUEUE = "orders.audit"
+FEED = "orders.feed"  # a stream: every event, kept to be read again
 TOTALS = "orders.totals"
 TOTALS_QUEUE = "orders.totals.print"
 REGIONS = ("eu", "us", "apac")
@@ -62,6 +66,8 @@ def declare(url: str) -> None:
                                  (TOTALS_QUEUE, TOTALS, "")):
         channel.queue_declare(queue, durable=True)
         channel.queue_bind(queue, exchange, key)
+    channel.queue_declare(FEED, durable=True, arguments={"x-queue-type": "stream"})
+    channel.queue_bind(FEED, EVENTS, "order.#")
     connection.close()
 
 
@@ -143,6 +149,27 @@ def start_query(spark, url: str, out: Path):
             .trigger(processingTime="2 seconds").start())
 
 
+def replay_feed(spark, url: str, out: Path) -> None:
+    """Every event again, from the stream's first offset: a query with the "amqp-stream"
+    source into Parquet (Spark's file sink writes each batch once: exactly once), run until
+    it has read what the stream holds."""
+    from pyspark.sql import functions as F
+
+    query = (spark.readStream.format("amqp-stream").option("url", url).option("stream", FEED)
+             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "1000")
+             .load().select("offset", "routing_key", "body")
+             .writeStream.format("parquet").option("path", str(out / "feed"))
+             .option("checkpointLocation", str(out / "feed-checkpoint"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    feed = spark.read.parquet(str(out / "feed"))
+    span = feed.agg(F.count("*").alias("n"), F.min("offset").alias("first"),
+                    F.max("offset").alias("last")).first()
+    print(f"\nreplayed {span.n} events from stream {FEED!r} (offsets {span.first}.."
+          f"{span.last}) into {out / 'feed'}, each once:")
+    feed.groupBy("routing_key").count().orderBy("routing_key").show(truncate=False)
+
+
 def run(spark, args: argparse.Namespace, work: Path) -> None:
     """The pipeline on `spark`, its files under `work` (see the module docstring)."""
     out = work / "out"
@@ -172,6 +199,7 @@ def run(spark, args: argparse.Namespace, work: Path) -> None:
             printer.join()
         print(f"\nParquet totals in {out / 'totals'} (latest update per key and minute):")
         latest_totals(spark.read.parquet(str(out / "totals"))).show(12, truncate=False)
+        replay_feed(spark, url, out)
         if hare is not None:
             hare.terminate()
             hare.wait(30)

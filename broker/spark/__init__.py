@@ -15,10 +15,13 @@ __all__ = ["register"]
 
 
 def register(spark: SparkSession) -> None:
-    """Register Hare's data sources with `spark`: "amqp" (stream source, sink) and
-    "hare-store" (a stopped broker's data directory, read offline)."""
+    """Register Hare's data sources with `spark`: "amqp" (a queue as a streaming source, an
+    exchange as a sink), "amqp-stream" (a stream queue read by offset) and "hare-store" (a
+    stopped broker's data directory, read offline)."""
     from broker.spark.amqp import AmqpDataSource
     from broker.spark.store_source import HareStoreDataSource
+    from broker.spark.stream_source import AmqpStreamDataSource
 
     spark.dataSource.register(AmqpDataSource)
+    spark.dataSource.register(AmqpStreamDataSource)
     spark.dataSource.register(HareStoreDataSource)

@@ -29,7 +29,8 @@ from pyspark.sql.types import (
 if TYPE_CHECKING:
     from broker.spark.consumer import Delivery
 
-__all__ = ["SOURCE_ARROW_SCHEMA", "SOURCE_SCHEMA", "header_strings", "to_record_batch"]
+__all__ = ["SOURCE_ARROW_SCHEMA", "SOURCE_SCHEMA", "STREAM_ARROW_SCHEMA", "STREAM_SCHEMA",
+           "header_strings", "to_record_batch", "to_stream_batch"]
 
 SOURCE_SCHEMA = StructType([
     StructField("body", BinaryType(), False),
@@ -45,8 +46,24 @@ SOURCE_SCHEMA = StructType([
     StructField("queue", StringType(), False),
 ])
 
+# The "amqp-stream" source: the offset in place of the delivery tag and redelivered flag (a
+# stream redelivers nothing: a message is read again at the same offset).
+STREAM_SCHEMA = StructType([
+    StructField("body", BinaryType(), False),
+    StructField("exchange", StringType(), False),
+    StructField("routing_key", StringType(), False),
+    StructField("offset", LongType(), False),
+    StructField("message_id", StringType(), True),
+    StructField("correlation_id", StringType(), True),
+    StructField("content_type", StringType(), True),
+    StructField("timestamp", TimestampType(), True),
+    StructField("headers", MapType(StringType(), StringType(), True), True),
+    StructField("stream", StringType(), False),
+])
+
 # What Spark expects from a Python data source's read(): timestamps in UTC microseconds.
 SOURCE_ARROW_SCHEMA = to_arrow_schema(SOURCE_SCHEMA, timezone="UTC")
+STREAM_ARROW_SCHEMA = to_arrow_schema(STREAM_SCHEMA, timezone="UTC")
 
 
 def header_strings(headers: Mapping[str, Any] | None) -> list[tuple[str, str | None]] | None:
@@ -85,22 +102,32 @@ def _plain(v: Any) -> Any:
 
 def to_record_batch(deliveries: Sequence[Delivery], queue: str) -> pa.RecordBatch:
     """The deliveries as one Arrow batch in SOURCE_ARROW_SCHEMA, built column by column."""
+    return _batch(SOURCE_ARROW_SCHEMA, deliveries, [
+        [d.delivery_tag for d in deliveries], [d.redelivered for d in deliveries]], queue)
+
+
+def to_stream_batch(deliveries: Sequence[Delivery], offsets: Sequence[int], stream: str
+                    ) -> pa.RecordBatch:
+    """A stream's deliveries and their offsets as one Arrow batch in STREAM_ARROW_SCHEMA."""
+    return _batch(STREAM_ARROW_SCHEMA, deliveries, [list(offsets)], stream)
+
+
+def _batch(fields: pa.Schema, deliveries: Sequence[Delivery], own: list[list[Any]],
+           name: str) -> pa.RecordBatch:
+    """Body, exchange and routing key, the source's `own` columns, the properties, then the
+    queue or stream `name`: the layout both sources share."""
     props = [d.properties for d in deliveries]
-    headers = [header_strings(p.headers) for p in props]
-    stamps = [None if p.timestamp is None else p.timestamp * 1_000_000 for p in props]
-    fields = SOURCE_ARROW_SCHEMA
     columns = [
         [d.body for d in deliveries],
         [d.exchange for d in deliveries],
         [d.routing_key for d in deliveries],
-        [d.delivery_tag for d in deliveries],
-        [d.redelivered for d in deliveries],
+        *own,
         [p.message_id for p in props],
         [p.correlation_id for p in props],
         [p.content_type for p in props],
-        stamps,
-        headers,
-        [queue] * len(deliveries),
+        [None if p.timestamp is None else p.timestamp * 1_000_000 for p in props],
+        [header_strings(p.headers) for p in props],
+        [name] * len(deliveries),
     ]
     arrays = [pa.array(col, type=field.type) for col, field in zip(columns, fields, strict=True)]
     return pa.RecordBatch.from_arrays(arrays, schema=fields)

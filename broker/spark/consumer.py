@@ -36,10 +36,12 @@ class ConsumerError(RuntimeError):
 class QueueConsumer:
     """basic.consume on `queue` with `prefetch`; `take` the buffered deliveries, `ack` them."""
 
-    def __init__(self, url: str, queue: str, prefetch: int, name: str = "hare-spark") -> None:
+    def __init__(self, url: str, queue: str, prefetch: int, name: str = "hare-spark",
+                 arguments: dict[str, Any] | None = None) -> None:
         self.url = url
         self.queue = queue
         self.prefetch = prefetch
+        self.arguments = arguments  # basic.consume's (a stream's x-stream-offset)
         self._name = name
         self._buffer: deque[Delivery] = deque()
         self._ready = threading.Condition()
@@ -108,7 +110,8 @@ class QueueConsumer:
             self._connection = pika.BlockingConnection(params)
             self._channel = self._connection.channel()
             self._channel.basic_qos(prefetch_count=self.prefetch)
-            self._channel.basic_consume(self.queue, self._on_message, auto_ack=False)
+            self._channel.basic_consume(self.queue, self._on_message, auto_ack=False,
+                                        arguments=self.arguments)
         except BaseException as exc:
             self._fail(exc)
             self._started.set()

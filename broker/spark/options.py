@@ -10,10 +10,12 @@ Spark itself adds to a source's options (a streaming write's ``checkpointLocatio
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["MAX_PREFETCH", "OptionError", "SinkOptions", "SourceOptions", "StoreOptions"]
+__all__ = ["MAX_PREFETCH", "OptionError", "SinkOptions", "SourceOptions", "StoreOptions",
+           "StreamSourceOptions"]
 
 # basic.qos prefetch-count is a 16-bit field.
 MAX_PREFETCH = 65535
@@ -107,6 +109,49 @@ class SourceOptions:
                 "while the next batch is being read")
         poll = opts.integer("pollTimeoutMs", cls.poll_timeout_ms, 0, 3_600_000)
         return cls(url, queue, batch, prefetch, poll)
+
+
+@dataclass(frozen=True)
+class StreamSourceOptions:
+    url: str
+    stream: str
+    # "earliest", "latest", an offset, or a time (aware datetime)
+    starting: str | int | datetime.datetime = "latest"
+    max_offsets_per_trigger: int = 30000
+    prefetch: int = 60000
+    poll_timeout_ms: int = 500
+    fail_on_data_loss: bool = True
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> StreamSourceOptions:
+        opts = _Options("amqp-stream source", options,
+                        ("url", "stream", "startingOffsets", "maxOffsetsPerTrigger",
+                         "prefetch", "pollTimeoutMs", "failOnDataLoss"))
+        url = opts.url()
+        stream = opts.required("stream")
+        raw = (opts.text("startingOffsets") or "latest").strip()
+        starting: str | int | datetime.datetime
+        if raw.lower() in ("earliest", "latest"):
+            starting = raw.lower()
+        elif raw.lstrip("-").isdigit():
+            starting = int(raw)
+            if starting < 0:
+                raise opts.error(f"option 'startingOffsets' must not be negative, got {raw!r}")
+        else:
+            try:
+                starting = datetime.datetime.fromisoformat(raw)
+            except ValueError:
+                raise opts.error(
+                    "option 'startingOffsets' must be earliest, latest, an offset or an ISO "
+                    f"8601 time (2026-01-01T00:00:00Z), got {raw!r}") from None
+            if starting.tzinfo is None:
+                starting = starting.replace(tzinfo=datetime.UTC)
+        batch = opts.integer("maxOffsetsPerTrigger", cls.max_offsets_per_trigger, 1, 1_000_000)
+        # the consumer's credit: what waits in the driver at most (acks only give it back)
+        prefetch = opts.integer("prefetch", min(2 * batch, MAX_PREFETCH), 1, MAX_PREFETCH)
+        poll = opts.integer("pollTimeoutMs", cls.poll_timeout_ms, 0, 3_600_000)
+        return cls(url, stream, starting, batch, prefetch, poll,
+                   opts.boolean("failOnDataLoss", cls.fail_on_data_loss))
 
 
 @dataclass(frozen=True)

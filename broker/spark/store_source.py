@@ -54,6 +54,16 @@ from broker.store.queue_index_files import (
     segment_files,
 )
 from broker.store.segment import CorruptRecord, decode_record
+from broker.store.stream_format import (
+    FILE_HEADER_SIZE,
+    chunk_records,
+    index_entries,
+    index_entry,
+    index_path,
+    list_segments,
+    read_chunk,
+    segment_path,
+)
 
 __all__ = ["STORE_SCHEMA", "HareStoreDataSource", "HareStoreError"]
 
@@ -75,11 +85,14 @@ STORE_SCHEMA = StructType([
     StructField("body", BinaryType()), StructField("size", _L),
     StructField("file", _S),  # where the body is: a store segment, or the index segment
     StructField("offset", _L),
+    # a stream's messages: their offset in the stream and when their chunk was appended
+    StructField("stream_offset", _L), StructField("stream_time", TimestampType()),
     StructField("_damaged", _S),  # null on message rows; what is wrong on damage rows
 ])
 _ARROW = to_arrow_schema(STORE_SCHEMA, timezone="UTC")
 _NAMES = STORE_SCHEMA.fieldNames()
 _BODY = _NAMES.index("body")
+_FILE = _NAMES.index("file")
 _PROPS = ("content_type", "content_encoding", "headers", "delivery_mode", "priority",
           "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
           "message_type", "user_id", "app_id")  # pamqp's names, in column order
@@ -123,6 +136,8 @@ class _StoreReader(DataSourceReader):
             return
         if isinstance(partition, _SegmentPartition):
             yield from _read_segment(self.data_dir, partition)
+        elif isinstance(partition, _StreamPartition):
+            yield from _read_stream_segment(self.data_dir, partition)
         # else: no partitions planned, and Spark reads one empty partition of its own
 
 
@@ -141,6 +156,16 @@ class _SegmentPartition(InputPartition):
 
 
 @dataclass(slots=True)
+class _StreamPartition(InputPartition):
+    """One segment of a stream's log."""
+
+    vhost: str
+    queue: str
+    directory: str  # the stream's, relative to the data directory
+    first: int  # the segment's first offset
+
+
+@dataclass(slots=True)
 class _DamagePartition(InputPartition):
     """Damage found while planning (message store files), reported as rows."""
 
@@ -151,7 +176,7 @@ def plan(data_dir: Path, allow_live: bool) -> list[InputPartition]:
     """The partitions of a read of `data_dir` (see the module docstring)."""
     if not data_dir.is_dir():
         raise HareStoreError(f"hare-store: {data_dir} is not a directory")
-    marks = (layout.DEFINITIONS, layout.QUEUES, layout.MSG_STORE_PERSISTENT)
+    marks = (layout.DEFINITIONS, layout.QUEUES, layout.MSG_STORE_PERSISTENT, layout.STREAMS)
     if not any((data_dir / m).exists() for m in marks):
         raise HareStoreError(f"hare-store: {data_dir} is not a Hare data directory "
                              f"(none of {', '.join(marks)} in it)")
@@ -185,6 +210,12 @@ def plan(data_dir: Path, allow_live: bool) -> list[InputPartition]:
             if store.locations:
                 part.refs = _refs(path, number, entries, store)
             parts.append(part)
+    streams_root = data_dir / layout.STREAMS
+    streams = sorted((names[d.name], d) for d in (
+        streams_root.iterdir() if streams_root.is_dir() else ()) if d.name in names)
+    for (vhost, queue), sdir in streams:
+        rel = str(sdir.relative_to(data_dir))
+        parts.extend(_StreamPartition(vhost, queue, rel, first) for first in list_segments(sdir))
     if orphans:
         log.warning("hare-store: %d queue index director(y/ies) no durable queue owns "
                     "skipped (a restart deletes them)", orphans)
@@ -278,6 +309,63 @@ def _read_segment(data_dir: Path, part: _SegmentPartition) -> Iterator[pa.Record
                     rows.damaged, missing)
 
 
+def _read_stream_segment(data_dir: Path, part: _StreamPartition) -> Iterator[pa.RecordBatch]:
+    """The rows of one stream segment: every chunk that checks out, as the stream's recovery
+    keeps them; a damaged chunk is a damage row and the walk goes on at the next chunk its
+    index names, a torn tail is a damage row at the end."""
+    rows = _Rows(part.vhost, part.queue)
+    directory = data_dir / part.directory
+    rel = f"{part.directory}/{segment_path(directory, part.first).name}"
+    fd = os.open(segment_path(directory, part.first), os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        pos = FILE_HEADER_SIZE
+        while pos < size:
+            got = read_chunk(fd, pos, size)
+            if got is None:
+                after = _next_chunk(directory, part.first, pos)
+                if after is None:
+                    rows.damage("torn tail", rel, pos, size - pos)
+                    break
+                rows.damage("corrupt chunk", rel, pos, after - pos)
+                pos = after
+                continue
+            info, payload = got
+            stamp = info.timestamp * 1000  # ms -> Spark's microseconds
+            for i, (a, b) in enumerate(chunk_records(payload)):
+                rows.message(info.offset + i, None, False, payload[a:b], rel, info.position,
+                             stream=(info.offset + i, stamp))
+                if rows.full():
+                    yield from rows.flush()
+            pos = info.end
+    finally:
+        os.close(fd)
+    yield from rows.flush()
+
+
+def _next_chunk(directory: Path, first: int, pos: int) -> int | None:
+    """The position of the first chunk the segment's index names after `pos`."""
+    try:
+        fd = os.open(index_path(directory, first), os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        n = index_entries(fd)
+        lo, hi = 0, n
+        while lo < hi:  # the entries' positions ascend
+            mid = (lo + hi) // 2
+            e = index_entry(fd, mid)
+            assert e is not None
+            if e.position <= pos:
+                lo = mid + 1
+            else:
+                hi = mid
+        e = index_entry(fd, lo) if lo < n else None
+        return e.position if e is not None else None
+    finally:
+        os.close(fd)
+
+
 def _pread(files: dict[str, int], data_dir: Path, name: str, size: int, offset: int) -> bytes:
     fd = files.get(name)
     if fd is None:
@@ -308,13 +396,16 @@ class _Rows:
         # decoded property blocks by their raw bytes: a publisher often repeats them
         self.props: dict[bytes, tuple[tuple[Any, ...], str | None]] = {}
 
-    def message(self, seq_id: int, msg_id: int, delivered: bool, data: bytes, file: str,
-                offset: int) -> None:
-        msg = Message.decode(data, msg_id)
+    def message(self, seq_id: int, msg_id: int | None, delivered: bool, data: bytes, file: str,
+                offset: int, stream: tuple[int, int] | None = None) -> None:
+        """`stream`: (offset, append time in µs) of a stream's message, which has no body id
+        (seq_id is its offset too)."""
+        msg = Message.decode(data, msg_id or 0)
         props, problem = self.props.get(msg.props) or self._decode_props(msg)
-        self.rows.append((self.vhost, self.queue, seq_id, f"{msg_id:032x}", msg.persistent,
+        self.rows.append((self.vhost, self.queue, seq_id,
+                          None if msg_id is None else f"{msg_id:032x}", msg.persistent,
                           delivered, msg.exchange, msg.routing_key, *props, msg.body,
-                          len(msg.body), file, offset, problem))
+                          len(msg.body), file, offset, *(stream or (None, None)), problem))
         self.bytes += len(msg.body)
 
     def _decode_props(self, msg: Message) -> tuple[tuple[Any, ...], str | None]:
@@ -338,7 +429,7 @@ class _Rows:
         row: list[Any] = [None] * len(_NAMES)
         row[0], row[1], row[2] = self.vhost, self.queue, seq_id
         row[3] = None if msg_id is None else f"{msg_id:032x}"
-        row[-3], row[-2], row[-1] = file, offset, f"{what} ({length} bytes)"
+        row[_FILE], row[_FILE + 1], row[-1] = file, offset, f"{what} ({length} bytes)"
         self.rows.append(tuple(row))
 
     def full(self) -> bool:

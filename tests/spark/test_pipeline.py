@@ -50,9 +50,15 @@ def test_pipeline_example(spark, tmp_path: Path, capsys: pytest.CaptureFixture[s
         printed[minute, key] = (key, int(orders), float(amount))
     assert sorted(printed.values()) == got
 
-    # The backlog report: the stopped broker still holds the paid orders nobody consumes.
+    # The replay from the stream: every event once, offsets 0..EVENTS-1.
+    feed = spark.read.parquet(str(tmp_path / "out" / "feed"))
+    assert sorted(r.offset for r in feed.select("offset").collect()) == list(range(EVENTS))
+    assert f"replayed {EVENTS} events from stream {pipeline.FEED!r}" in out
+
+    # The backlog report: the stopped broker still holds the paid orders nobody consumes,
+    # and the stream every event.
     assert "backlog of the stopped broker" in out
     backlog = spark.read.format("hare-store").load(str(tmp_path / "hare-data"))
     held = Counter(r.queue for r in backlog.select("queue").collect())
     paid = sum(1 for key, _ in pipeline.orders(EVENTS) if key.endswith(".paid"))
-    assert held == {pipeline.AUDIT_QUEUE: paid}
+    assert held == {pipeline.AUDIT_QUEUE: paid, pipeline.FEED: EVENTS}
