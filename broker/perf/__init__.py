@@ -4,7 +4,7 @@ scanner.py  frame scanner for the consumer side (bytes in, counters out)
 wire.py     URL parsing, pamqp slow path, pre-encoded publish batches
 client.py   the raw asyncio client: handshake, RPC, back-pressure, connection.blocked
 workers.py  publisher / consumer / idle-connection processes
-scenarios.py the eight scenarios and their orchestration
+scenarios.py the scenarios and their orchestration
 report.py   text and JSON output
 cli.py      `hare-perf SCENARIO --url URL ...`
 suite.py    `python -m broker.perf.suite --url URL [--url URL2]` (all scenarios, side by side)

@@ -9,6 +9,11 @@ are reported apart as start-up).
 sink: N rows written with df.write.format("amqp") (pipelined confirms), beside one pika
 BlockingChannel publishing the same messages with confirms on, which waits for each confirm.
 
+stream: N messages are put on a stream queue once, then read from its first offset by a plain
+pika consumer (x-stream-offset first, same prefetch, one multiple-ack per batch) and by a query
+on the "amqp-stream" source (startingOffsets earliest, Trigger.AvailableNow, noop sink),
+alternating; a stream keeps its messages, so every round reads the same ones.
+
 pyspark is imported inside the functions: the rest of broker.perf runs without it.
 """
 
@@ -32,6 +37,7 @@ __all__ = ["main"]
 QUEUE = "bench-spark"
 EXCHANGE = "bench-spark-x"
 SINK_QUEUE = "bench-spark-sink"
+STREAM = "bench-spark-stream"
 
 
 def _channel(url: str) -> tuple[pika.BlockingConnection, Any]:
@@ -52,13 +58,27 @@ def _fill(url: str, count: int, size: int) -> None:
     connection.close()
 
 
-def pika_consume(url: str, count: int, prefetch: int, batch: int) -> float:
-    """Messages per second of a plain pika consumer draining `count` messages."""
+def _fill_stream(url: str, count: int, size: int) -> None:
+    connection, channel = _channel(url)
+    channel.queue_delete(STREAM)
+    channel.queue_declare(STREAM, durable=True, arguments={"x-queue-type": "stream"})
+    body = b"x" * size
+    for _ in range(count):
+        channel.basic_publish("", STREAM, body)
+    # A stream counts what it has committed: all of them, once on disk.
+    while channel.queue_declare(STREAM, passive=True).method.message_count < count:
+        time.sleep(0.05)
+    connection.close()
+
+
+def pika_consume(url: str, count: int, prefetch: int, batch: int, queue: str = QUEUE,
+                 arguments: dict[str, Any] | None = None) -> float:
+    """Messages per second of a plain pika consumer reading `count` messages."""
     connection, channel = _channel(url)
     channel.basic_qos(prefetch_count=prefetch)
     start = time.perf_counter()
     for got, (method, _props, _body) in enumerate(
-            channel.consume(QUEUE, inactivity_timeout=30), 1):
+            channel.consume(queue, inactivity_timeout=30, arguments=arguments), 1):
         if method is None:
             raise SystemExit("pika consumer: queue ran dry")
         if got % batch == 0 or got == count:
@@ -75,12 +95,19 @@ def _when(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def spark_consume(spark: Any, url: str, count: int, batch: int, scratch: Path
-                  ) -> tuple[float, float]:
-    """(messages per second over the batches, start-up seconds) of the amqp source."""
+def spark_consume(spark: Any, url: str, count: int, batch: int, scratch: Path,
+                  stream: bool = False) -> tuple[float, float]:
+    """(messages per second over the batches, start-up seconds) of the amqp source, or of
+    the amqp-stream source from the stream's first offset."""
     started = time.perf_counter()
-    query = (spark.readStream.format("amqp").option("url", url).option("queue", QUEUE)
-             .option("maxMessagesPerBatch", str(batch)).load()
+    if stream:
+        reader = (spark.readStream.format("amqp-stream").option("stream", STREAM)
+                  .option("startingOffsets", "earliest")
+                  .option("maxOffsetsPerTrigger", str(batch)))
+    else:
+        reader = (spark.readStream.format("amqp").option("queue", QUEUE)
+                  .option("maxMessagesPerBatch", str(batch)))
+    query = (reader.option("url", url).load()
              .writeStream.format("noop")
              .option("checkpointLocation", tempfile.mkdtemp(dir=scratch))
              .trigger(availableNow=True).start())
@@ -149,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=30000,
                         help="maxMessagesPerBatch (the source's default)")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--only", choices=("source", "sink"))
+    parser.add_argument("--only", choices=("source", "sink", "stream"))
     args = parser.parse_args(argv)
 
     from broker.spark.local import local_session
@@ -176,6 +203,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"source median: pika {statistics.median(plain):,.0f} msg/s, spark "
                   f"{statistics.median(ours):,.0f} msg/s, ratio (median of the runs' ratios) "
                   f"{ratio:.2f}; start-up {statistics.median(startups):.1f} s")
+        if args.only in (None, "stream"):
+            _fill_stream(args.url, args.count, args.size)
+            spark_consume(spark, args.url, args.count, args.batch, scratch, stream=True)  # warm
+            plain, ours, startups = [], [], []
+            for run in range(args.runs):
+                plain.append(pika_consume(args.url, args.count, 2 * args.batch, args.batch,
+                                          STREAM, {"x-stream-offset": "first"}))
+                rate, startup = spark_consume(spark, args.url, args.count, args.batch, scratch,
+                                              stream=True)
+                ours.append(rate)
+                startups.append(startup)
+                print(f"stream run {run + 1}: pika {plain[-1]:,.0f} msg/s, spark "
+                      f"{ours[-1]:,.0f} msg/s (+{startup:.1f} s start-up), "
+                      f"ratio {ours[-1] / plain[-1]:.2f}", flush=True)
+            ratio = statistics.median(o / p for o, p in zip(ours, plain, strict=True))
+            print(f"stream median: pika {statistics.median(plain):,.0f} msg/s, spark "
+                  f"{statistics.median(ours):,.0f} msg/s, ratio (median of the runs' ratios) "
+                  f"{ratio:.2f}; start-up {statistics.median(startups):.1f} s")
         if args.only in (None, "sink"):
             connection, channel = _channel(args.url)
             channel.exchange_declare(EXCHANGE, "direct")
@@ -196,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"ratios) {ratio:.2f}")
     finally:
         connection, channel = _channel(args.url)
-        for queue in (QUEUE, SINK_QUEUE):
+        for queue in (QUEUE, SINK_QUEUE, STREAM):
             channel.queue_delete(queue)
         channel.exchange_delete(EXCHANGE)
         connection.close()

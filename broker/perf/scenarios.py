@@ -1,4 +1,4 @@
-"""The eight scenarios. The orchestrator (this process) declares each scenario's queues and
+"""The scenarios. The orchestrator (this process) declares each scenario's queues and
 exchanges under fresh names on a control connection, starts publisher and consumer processes,
 lines them up (all ready, then go), collects their timings, and deletes what it declared.
 
@@ -166,6 +166,13 @@ class _Control:
     async def queue(self, suffix: str = "q", durable: bool = False) -> str:
         name = f"{self.prefix}.{suffix}"
         await self.client.rpc(1, commands.Queue.Declare(queue=name, durable=durable))
+        self.queues.append(name)
+        return name
+
+    async def stream(self, suffix: str = "s") -> str:
+        name = f"{self.prefix}.{suffix}"
+        await self.client.rpc(1, commands.Queue.Declare(
+            queue=name, durable=True, arguments={"x-queue-type": "stream"}))
         self.queues.append(name)
         return name
 
@@ -484,6 +491,38 @@ async def backlog_memory(p: Params) -> dict[str, float]:
     return await _with_control(p, "backlog", body)
 
 
+async def stream(p: Params) -> dict[str, float]:
+    """A stream queue: publish with confirms (1000 in flight), the broker's RSS holding it,
+    then one consumer replaying it from the first offset (prefetch 1000, ack every 500)."""
+    async def body(ctl: _Control, crew: _Crew) -> dict[str, float]:
+        queue = await ctl.stream()
+        before = await _settled_rss(p.pid) if p.pid else 0
+        spec = _publisher(p, "", [queue], persistent=True, confirms=True, max_inflight=1000)
+        pub = crew.start(publisher_main, spec, "publisher")
+        await crew.ready([pub])
+        crew.go([pub])
+        r = await crew.result(pub)
+        held = await _settled_rss(p.pid) if p.pid else 0
+        con = crew.start(consumer_main, ConsumerSpec(
+            p.url, [queue], [p.count], p.timeout_s, ack_every=500, consume_on_go=True,
+            timestamps=False, arguments={"x-stream-offset": "first"}), "consumer")
+        await crew.ready([con])
+        crew.go([con])
+        rc = await crew.result(con)
+        figures = {
+            **_cpu(r, rc),
+            "publish_msg_s": _rate(p.count, r["t_start"], r["t_done"]),
+            "replay_msg_s": _rate(rc["delivered"], rc["t_go"], rc["t_last"]),
+            "published": p.count,
+            "delivered": rc["delivered"],
+        }
+        if p.pid:
+            figures = {**figures, "rss_mib": held / 1024, "rss_growth_mib": (held - before) / 1024}
+        return figures
+
+    return await _with_control(p, "stream", body)
+
+
 _NO_END = 1 << 62  # a steady consumer's "expected": it stops at the window's end instead
 
 
@@ -649,6 +688,21 @@ SCENARIOS: dict[str, Scenario] = {
                 ("publish_msg_s", "publish msg/s"),
                 ("drain_msg_s", "drain msg/s"),
                 ("drain_s", "drain s"),
+            ),
+        ),
+        Scenario(
+            "stream",
+            "a stream: publish with confirms (1000 in flight), RSS holding it, replay from "
+            "the first offset",
+            stream,
+            1_000_000,
+            1024,
+            2_000,
+            (
+                ("publish_msg_s", "publish msg/s"),
+                ("replay_msg_s", "replay msg/s"),
+                ("rss_mib", "RSS MiB holding it"),
+                ("rss_growth_mib", "RSS growth MiB"),
             ),
         ),
         Scenario(

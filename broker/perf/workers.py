@@ -61,6 +61,7 @@ class ConsumerSpec:
     consume_on_go: bool = False  # drain: start consuming only when told to
     timestamps: bool = True
     duration_s: float = 0.0  # steady state: count deliveries for this long from "go"
+    arguments: dict[str, Any] | None = None  # basic.consume's (a stream's x-stream-offset)
 
 
 @dataclass(slots=True)
@@ -327,7 +328,8 @@ async def _consumer(pipe: Connection, spec: ConsumerSpec) -> dict[str, Any]:
 
         async def subscribe() -> None:
             for client, queue in zip(clients, spec.queues, strict=True):
-                await client.rpc(1, commands.Basic.Consume(queue=queue, consumer_tag="perf"))
+                await client.rpc(1, commands.Basic.Consume(queue=queue, consumer_tag="perf",
+                                                           arguments=spec.arguments))
 
         if not spec.consume_on_go:
             await subscribe()

@@ -184,26 +184,28 @@ class StreamQueue:
             self._apply_limits()
 
     def stop(self) -> None:
-        """The stream is deleted: its log goes with it."""
+        """The stream is deleted: its log goes with it, and publishes it had not committed
+        are confirmed (the queue is gone, as RabbitMQ confirms to a deleted queue)."""
+        unconfirmed = list(self._unconfirmed)
         self.shutdown()
+        by_channel: dict[Channel, list[int]] = {}
+        for _, ch, _, seqs in unconfirmed:
+            if ch is not None and seqs:
+                by_channel.setdefault(ch, []).extend(seqs)
+        for ch, seqs in by_channel.items():
+            ch.queue_confirmed(self, seqs, [])  # type: ignore[arg-type]
         if self.log is not None:
             self.log.delete()
 
     def shutdown(self) -> None:
-        """The broker stops (or the stream is deleted): publishers are told what was not
-        committed (acked: the queue has gone, as RabbitMQ confirms to a deleted queue)."""
+        """The broker stops (or the stream is deleted): no more deliveries; what was appended
+        is still written by the log's close (Durable.stop)."""
         if self.deleted:
             return
         self.deleted = True
         for consumer in list(self._readers):
             self._readers.pop(consumer).close()
-        by_channel: dict[Channel, list[int]] = {}
-        for _, ch, _, seqs in self._unconfirmed:
-            if ch is not None and seqs:
-                by_channel.setdefault(ch, []).extend(seqs)
         self._unconfirmed.clear()
-        for ch, seqs in by_channel.items():
-            ch.queue_confirmed(self, seqs, [])  # type: ignore[arg-type]
         for ch in self._senders:
             ch.credit_flow.peer_down(self)
         self._senders.clear()

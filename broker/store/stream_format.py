@@ -81,12 +81,12 @@ INDEX_ENTRY_SIZE = _ENTRY.size  # 28
 
 
 class ChunkInfo(NamedTuple):
-    """Where a chunk is and what it holds: offsets offset .. offset+count-1."""
+    """Where a chunk is and what it holds: offsets offset .. offset+messages-1."""
 
     position: int  # of its record header in the segment file
     offset: int
     timestamp: int  # ms since the epoch
-    count: int
+    messages: int
     end: int  # position after it
 
 
@@ -185,7 +185,7 @@ def chunk_messages(payload: bytes) -> list[Message]:
 
 # -- the index ----------------------------------------------------------------------------
 def encode_index_entry(info: ChunkInfo) -> bytes:
-    return _ENTRY.pack(info.offset, info.timestamp, info.position, info.count)
+    return _ENTRY.pack(info.offset, info.timestamp, info.position, info.messages)
 
 
 def index_entry(fd: int, i: int) -> ChunkInfo | None:
@@ -252,7 +252,7 @@ def scan_segment(directory: Path, first: int) -> tuple[SegmentScan, list[ChunkIn
             n, head, last = trusted
             scan.chunks, scan.first_time = n, head.timestamp
             scan.last_time, scan.last_chunk = last.timestamp, last.offset
-            scan.end_offset = last.offset + last.count
+            scan.end_offset = last.offset + last.messages
             start = scan.good_end = last.end
         missing = []
         for info, _ in iter_chunks(fd, start, size):
@@ -261,7 +261,7 @@ def scan_segment(directory: Path, first: int) -> tuple[SegmentScan, list[ChunkIn
                 scan.first_time = info.timestamp
             scan.chunks += 1
             scan.last_time, scan.last_chunk = info.timestamp, info.offset
-            scan.end_offset = info.offset + info.count
+            scan.end_offset = info.offset + info.messages
             scan.good_end = info.end
         return scan, missing
     finally:

@@ -428,7 +428,7 @@ class StreamLog:
             seg = self.segments[-1]
             if not seg.chunks:
                 seg.first_time = info.timestamp
-            seg.size, seg.end_offset = info.end, info.offset + info.count
+            seg.size, seg.end_offset = info.end, info.offset + info.messages
             seg.last_time, seg.last_chunk = info.timestamp, info.offset
             seg.chunks += 1
             self.tail.append((info.offset, p.msgs))

@@ -141,8 +141,8 @@ class StreamReader:
         if got is None:
             return self._skip_damaged(seg.first, seg.chunks)
         info, payload = got
-        self._pos, self._pos_offset = info.end, info.offset + info.count
-        if info.offset + info.count <= self.next:
+        self._pos, self._pos_offset = info.end, info.offset + info.messages
+        if info.offset + info.messages <= self.next:
             return None  # a chunk before `next`: the one after it is read next
         self._chunk_first, self._msgs = info.offset, chunk_messages(payload)
         if info.offset > self.next:
@@ -173,8 +173,8 @@ class StreamReader:
         if entry is None:
             return False
         log.error("stream chunk damaged, skipped", stream=self.log.name, segment=first,
-                  position=entry.position, offsets=(entry.offset, entry.offset + entry.count))
-        self.next = max(self.next, entry.offset + entry.count)
+                  position=entry.position, offsets=(entry.offset, entry.offset + entry.messages))
+        self.next = max(self.next, entry.offset + entry.messages)
         if after is not None:
             self._pos, self._pos_offset = after.position, after.offset
         else:

@@ -520,6 +520,26 @@ quorum_arg("non-durable", {}, durable=False)
 quorum_arg("exclusive", {}, exclusive=True)
 quorum_arg("auto-delete", {}, auto_delete=True)
 quorum_arg("auto-delete-and-bad-arg", {"x-max-priority": 5}, auto_delete=True)
+def stream_arg(name: str, arguments: dict, **kw) -> None:  # type: ignore[type-arg,no-untyped-def]
+    kw.setdefault("durable", True)
+    row(f"x-args/stream-{name}", [m(1, args_q({"x-queue-type": "stream", **arguments}, **kw))])
+
+
+stream_arg("max-priority", {"x-max-priority": 5})
+stream_arg("dead-letter-exchange", {"x-dead-letter-exchange": "cf.dlx"})
+stream_arg("message-ttl", {"x-message-ttl": 1000})
+stream_arg("max-length", {"x-max-length": 10})
+stream_arg("single-active-consumer", {"x-single-active-consumer": True})
+stream_arg("max-length-bytes-ok", {"x-max-length-bytes": 1000})
+stream_arg("max-age-ok", {"x-max-age": "7D"})
+stream_arg("max-age-zero", {"x-max-age": "0s"})
+stream_arg("max-age-int", {"x-max-age": 5})
+stream_arg("segment-size-ok", {"x-stream-max-segment-size-bytes": 3_000_000_000})
+stream_arg("segment-size-over-max", {"x-stream-max-segment-size-bytes": 3_000_000_001})
+stream_arg("segment-size-string", {"x-stream-max-segment-size-bytes": "a"})
+stream_arg("non-durable", {}, durable=False)
+stream_arg("exclusive", {}, exclusive=True)
+stream_arg("auto-delete", {}, auto_delete=True)
 row("x-args/alternate-exchange-ok",
     [m(1, Ex.Declare(exchange="cf.x", exchange_type="direct",
                      arguments={"alternate-exchange": "cf.ae"}))])
@@ -655,3 +675,37 @@ row("unbind/exchange-to-exchange-missing",
 row("bind/exclusive-queue-of-other-connection",
     [m(1, Qu.Bind(queue="cf.q", exchange="amq.direct"))],
     setup=[m(1, declare_q(exclusive=True))])
+
+# -- streams: what a consumer may do -------------------------------------------------------------
+STREAM = {"x-queue-type": "stream"}
+STREAM_CRASH = ("RabbitMQ 3.10.8 crashes on a value it does not know (541 INTERNAL_ERROR, the "
+                "connection closed); Hare answers 406 on the channel, naming the argument")
+
+
+def stream_row(name: str, *steps: list, **options) -> None:  # type: ignore[type-arg]
+    row(f"stream/{name}", *steps, setup=[m(1, args_q(STREAM, name="cf.s", durable=True))],
+        **options)
+
+
+def consume_s(**kw) -> c.Basic.Consume:  # type: ignore[no-untyped-def]
+    return Ba.Consume(queue="cf.s", consumer_tag="c", **kw)
+
+
+stream_row("consume-without-prefetch", [m(1, consume_s())])
+stream_row("consume-auto-ack", [QOS, m(1, consume_s(no_ack=True))])
+stream_row("consume-auto-ack-without-prefetch", [m(1, consume_s(no_ack=True))])
+stream_row("consume-global-qos", [QOS, m(1, Ba.Qos(prefetch_count=5, global_=True)),
+                                  m(1, consume_s())])
+stream_row("consume-x-priority", [QOS, m(1, consume_s(arguments={"x-priority": 1}))])
+for offset in ("first", "last", "next", 0, 7, "1h"):
+    stream_row(f"consume-offset-{offset}", [QOS, m(1, consume_s(arguments={
+        "x-stream-offset": offset}))])
+stream_row("consume-offset-bogus", [QOS], [m(1, consume_s(arguments={"x-stream-offset": "soon"}))],
+           differs=STREAM_CRASH,
+           hare=Outcome([["1 basic.qos-ok"], ["1 channel.close 406 60.20"]], True))
+stream_row("basic-get", [m(1, Ba.Get(queue="cf.s"))])
+stream_row("purge", [m(1, Qu.Purge(queue="cf.s"))])
+stream_row("redeclare-without-type", [m(1, declare_q("cf.s", durable=True))])
+row("x-args/stream-max-age-bogus",
+    [m(1, args_q({"x-queue-type": "stream", "x-max-age": "bogus"}, durable=True))],
+    differs=STREAM_CRASH, hare=Outcome([["1 channel.close 406 50.10"]], True))
