@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench bench-spark pipeline cluster clean
+.PHONY: run test lint bench bench-spark pipeline cluster nemesis clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -61,6 +61,13 @@ NODES ?= 3
 PORT ?= 5672
 cluster: $(STAMP)
 	$(BIN)/python -m broker.perf.local_cluster --nodes $(NODES) --port $(PORT)
+
+# Quorum queues under a nemesis (docs/CLUSTER.md): three nodes and a private etcd, clients on
+# each, nodes killed, restarted and paused at random for NEMESIS_S seconds; prints the actions
+# and lost / duplicated / reordered counts (exit 1 if anything confirmed was lost).
+NEMESIS_S ?= 600
+nemesis: $(STAMP)
+	$(BIN)/python -m tests.cluster.nemesis --seconds $(NEMESIS_S)
 
 clean:
 	rm -rf $(VENV) data .pytest_cache

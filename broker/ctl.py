@@ -35,6 +35,7 @@ from broker.ctl_client import cell as _cell
 from broker.ctl_client import done as _done
 from broker.ctl_client import quote_name as _q
 from broker.ctl_policy import add_verbs as add_policy_verbs
+from broker.ctl_quorum import add_verbs as add_quorum_verbs
 
 __all__ = ["CtlError", "main"]
 
@@ -410,6 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     verb("alarms", _alarms, "list the resource alarms in effect")
     add_policy_verbs(verb)
     add_access_verbs(verb)
+    add_quorum_verbs(verb)
     verb("add_vhost", _add_vhost, "add a virtual host").add_argument("name")
     verb("delete_vhost", _delete_vhost, "delete a virtual host and all in it").add_argument(
         "name")

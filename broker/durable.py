@@ -9,6 +9,7 @@ start asks the queue indexes for reference counts), then each durable queue's co
 from __future__ import annotations
 
 import shutil
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ from broker.store.definitions import (
 )
 from broker.store.msg_store import MsgStore
 from broker.store.queue_index import QueueIndex, msg_refs, remove_orphans
+from broker.store.quorum_meta import META_FILE
 from broker.store.stream_log import StreamLog, remove_orphan_streams
 
 if TYPE_CHECKING:
@@ -68,6 +70,7 @@ class Durable:
             root / layout.MSG_STORE_TRANSIENT, name="transient", transient=True, **common
         )
         self._restoring = False
+        self._members: weakref.WeakSet[MemberLog] = weakref.WeakSet()
         credit = (s.credit_flow_initial_credit, s.credit_flow_more_credit_after)
         self.persistent_peer = StorePeer("persistent", *credit)
         self.transient_peer = StorePeer("transient", *credit)
@@ -81,6 +84,10 @@ class Durable:
             self._restore_params()
             # an index whose queue is gone (deleted, then a crash) must not keep bodies alive
             keep = [self.queue_dir(qd.vhost, qd.name) for qd in self.definitions.queues()]
+            if self.node.cluster.clustered:
+                # quorum queue members of this node's: the cluster's records say which are
+                # still ours once it is read (QuorumCoordinator.drop_strays)
+                keep += [p.parent for p in self.queues_root.glob(f"*/{META_FILE}")]
             remove_orphans(self.queues_root, keep)
             remove_orphan_streams(self.streams_root, [self.stream_dir(qd.vhost, qd.name)
                                                       for qd in self.definitions.queues()])
@@ -103,6 +110,8 @@ class Durable:
                 q.close()
                 if isinstance(q, StreamQueue) and q.log is not None:
                     await q.log.close()
+        for member in list(self._members):  # quorum queue followers (broker/cluster/quorum.py)
+            member.close()
         await self.persistent.stop()
         await self.transient.stop()
         self.definitions.close()
@@ -260,9 +269,11 @@ class Durable:
         """A quorum queue member's log on this node (its index directory, as a durable
         queue's, and the persistent store)."""
         s = self.node.settings
-        return MemberLog(self.queue_dir(vhost, name), self.persistent, name=f"{vhost}/{name}",
-                         embed_below=s.queue_index_embed_msgs_below,
-                         segment_entries=s.queue_index_segment_entries, fsync=str(s.fsync))
+        member = MemberLog(self.queue_dir(vhost, name), self.persistent, name=f"{vhost}/{name}",
+                           embed_below=s.queue_index_embed_msgs_below,
+                           segment_entries=s.queue_index_segment_entries, fsync=str(s.fsync))
+        self._members.add(member)
+        return member
 
     def attach_member(self, q: QuorumQueue) -> None:
         """A quorum queue's member log; a new queue's (not restored from disk) is created

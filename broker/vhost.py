@@ -353,6 +353,13 @@ class VHost:
             self._changed("delete_binding", (ex, queue, routing_key, arguments))
             self._maybe_auto_delete(ex)
 
+    def move_bindings(self, old: object, new: object) -> None:
+        """Every binding to `old` now leads to `new` (a cluster's quorum queue whose leader
+        changed: the same queue, another object on this node). Not a definition change."""
+        for ex in self.exchanges.values():
+            for b in ex.unbind_all(old):
+                ex.bind(new, b.routing_key, b.arguments_dict())
+
     def drop_exclusive(self, owner: object) -> None:
         """The owning connection closed: its exclusive queues go."""
         for q in [q for q in self.queues.values() if q.exclusive_owner is owner]:

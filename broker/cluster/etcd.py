@@ -185,6 +185,10 @@ class Etcd:
         return {"key": _b64(key), "target": "MOD", "result": "EQUAL",
                 "mod_revision": str(mod_revision)}
 
+    @staticmethod
+    def value_is(key: str, value: str | bytes) -> dict[str, Any]:
+        return {"key": _b64(key), "target": "VALUE", "result": "EQUAL", "value": _b64(value)}
+
     # -- leases -----------------------------------------------------------------------------
     async def grant(self, ttl_s: int) -> int:
         answer = await self.call("/v3/lease/grant", {"TTL": str(ttl_s)})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ from broker.cluster.link import Link, LinkError, Links
 from broker.cluster.local import self_card
 from broker.cluster.membership import Member, Membership
 from broker.cluster.metadata import ClusterMetadata
+from broker.cluster.quorum import QuorumCoordinator, choose_members, is_quorum
 from broker.cluster.remote_queue import RemoteQueue
 from broker.queue.amqqueue import AMQQueue
 from broker.queue.stream_queue import StreamQueue
@@ -71,7 +73,9 @@ class EtcdCluster:
         )
         self.metadata = ClusterMetadata(node, self.etcd, self.root)
         self.links = Links(self)
+        self.quorum = QuorumCoordinator(self)
         self.membership.on_change = self._node_changed
+        self.membership.on_rejoined = lambda: self.quorum.abdicate_all("lease lost")
         self.revision = 0  # the last etcd revision applied
         self.etcd_ok = True
         self._tasks: list[asyncio.Task[None]] = []
@@ -134,6 +138,7 @@ class EtcdCluster:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        await self.quorum.stop()
         await self.membership.leave()
         await self.links.stop()
         await self.etcd.close()
@@ -142,8 +147,10 @@ class EtcdCluster:
     async def _read_all(self) -> None:
         kvs, revision = await self.etcd.get_prefix(self.root)
         self.membership.load([kv for kv in kvs if self._is_membership(kv.key)])
+        self.quorum.load_votes([kv for kv in kvs if kv.key.startswith(self.quorum.prefix)])
         self.metadata.load([kv for kv in kvs if kv.key.startswith(self.metadata.prefix)])
         self.revision = revision
+        self.quorum.drop_strays()
 
     def _is_membership(self, key: str) -> bool:
         return key.startswith((self.membership.nodes_prefix, self.membership.known_prefix))
@@ -173,6 +180,8 @@ class EtcdCluster:
             key = event.kv.key
             if key.startswith(self.metadata.prefix):
                 self.metadata.apply_event(event.kv, event.kind == "delete")
+            elif key.startswith(self.quorum.prefix):
+                self.quorum.vote_event(event.kv, event.kind == "delete")
             elif self._is_membership(key):
                 self.membership.apply(event.kv, deleted=event.kind == "delete")
             self.revision = max(self.revision, event.revision)
@@ -227,6 +236,9 @@ class EtcdCluster:
         record = {"vhost": vhost.name, "name": name, "durable": durable,
                   "auto_delete": auto_delete, "exclusive": exclusive,
                   "arguments": encode_table(arguments), "node": home}
+        if arguments.get("x-queue-type") == "quorum":
+            await self._declare_quorum(vhost, record, arguments)
+            return
         if await self.metadata.claim("queues", (vhost.name, name), record) is not None:
             return  # another node's declare won: the channel compares against it
         if home != self.node.name:
@@ -236,6 +248,38 @@ class EtcdCluster:
                 await self.link(home).call({"op": "ensure", "record": record})
             except LinkError:
                 log.warning("home node did not confirm the new queue", queue=name, home=home)
+            with self.metadata.quiet():
+                self.place_queue(vhost, record)
+
+    async def _declare_quorum(self, vhost: VHost, record: dict[str, Any],
+                              arguments: dict[str, Any]) -> None:
+        """A new quorum queue: its members chosen (x-quorum-initial-group-size, default 3,
+        at most the running nodes; the least loaded), claimed with epoch 1, and created on
+        each member before declare-ok - the leader first, so the others find it when they
+        ask for their copy."""
+        size = arguments.get("x-quorum-initial-group-size") or (
+            self.node.settings.quorum_initial_group_size)
+        reachable = [n for n in self.membership.running
+                     if n == self.node.name or self.links.get(n)]
+        load: dict[str, int] = {}
+        for _key, r in self.quorum.records.items():
+            for member in r["members"]:
+                load[member] = load.get(member, 0) + 1
+        record["members"] = choose_members(record["node"], reachable, int(size), load)
+        record["epoch"] = 1
+        if await self.metadata.claim("queues", (vhost.name, record["name"]), record) is not None:
+            return  # another node's declare won: the channel compares against it
+        for member in record["members"]:
+            if member == self.node.name:
+                with self.metadata.quiet():
+                    self.place_queue(vhost, record, new=True)
+                continue
+            try:
+                await self.link(member).call({"op": "ensure", "record": record, "new": True})
+            except LinkError:
+                log.warning("quorum member did not confirm the new queue", queue=record["name"],
+                            member=member)
+        if self.node.name not in record["members"]:
             with self.metadata.quiet():
                 self.place_queue(vhost, record)
 
@@ -277,9 +321,18 @@ class EtcdCluster:
             return await queue.counts()
         return queue.message_count, queue.consumer_count
 
-    def place_queue(self, vhost: VHost, record: dict[str, Any]) -> None:
+    async def change_queue_members(self, vhost: str, name: str, *, add: str | None,
+                                   remove: str | None) -> dict[str, Any]:
+        await self.metadata.check_writable()
+        return await self.quorum.change_members(vhost, name, add=add, remove=remove)
+
+    def place_queue(self, vhost: VHost, record: dict[str, Any], *, new: bool = False) -> None:
         """A queue of the cluster's, as this node holds it: the queue itself when it is
-        homed here, else a RemoteQueue that forwards to its home node."""
+        homed here, else a RemoteQueue that forwards to its home node. A quorum queue's
+        record goes to the quorum coordinator (leader, follower, or neither)."""
+        if is_quorum(record):
+            self.quorum.place(vhost, record, new=new)
+            return
         name = record["name"]
         existing = vhost.queues.get(name)
         if record["node"] == self.node.name:
@@ -308,6 +361,45 @@ class EtcdCluster:
             q.start()
         vhost._changed("put_queue", q)
 
+    def place_remote(self, vhost: VHost, record: dict[str, Any], existing: Any) -> None:
+        """The queue as a RemoteQueue to its home node (a quorum queue: its leader)."""
+        if isinstance(existing, RemoteQueue) and existing.home == record["node"]:
+            existing.update(record)
+            return
+        self.install_queue(vhost, RemoteQueue(vhost, record, self), existing)
+
+    def install_queue(self, vhost: VHost, q: Any, existing: Any) -> None:
+        """`q` replaces `existing` (the same queue, another role on this node): the
+        bindings lead to it, and the consumers of the old one are cancelled (basic.cancel,
+        as RabbitMQ's when a queue's leader goes: clients consume again)."""
+        if existing is not None and existing is not q:
+            self._cancel_consumers(existing)
+            vhost.move_bindings(existing, q)
+            existing.shutdown()
+        vhost.queues[q.name] = q
+        vhost.params.apply_to_queue(q)
+        if isinstance(q, AMQQueue):
+            q.start()
+        with self.metadata.quiet():
+            vhost._changed("put_queue", q)
+
+    def uninstall_queue(self, vhost: VHost, q: AMQQueue) -> None:
+        """A quorum queue leader steps down: its consumers are cancelled and it stops, its
+        member log kept for the replica that takes it."""
+        self._cancel_consumers(q)
+        q.shutdown()
+        q.log.on_durable = None
+        q.log.ship_to(None)
+
+    def _cancel_consumers(self, q: Any) -> None:
+        for consumer in list(q.consumers):
+            q.remove_consumer(consumer)
+            consumer.channel.consumer_cancelled_by_queue(consumer)
+
+    def lease_valid(self) -> bool:
+        """Our lease holds now (a quorum queue leader delivers only then)."""
+        return time.monotonic() < self.membership.lease_until
+
     def node_running(self, name: str) -> bool:
         return self.membership.is_running(name)
 
@@ -318,6 +410,7 @@ class EtcdCluster:
         else:
             self.links.node_down(name)
             self._drop_exclusive_of(name)
+        self.quorum.node_changed(name, running)
 
     def _drop_exclusive_of(self, name: str) -> None:
         """A node that went down took its connections, so its exclusive queues are gone:
@@ -328,7 +421,11 @@ class EtcdCluster:
                     vhost.delete_queue(q)
 
     def link_up(self, peer: str) -> None:
-        """A link came up: queues on it may take consumers again (nothing to do yet)."""
+        """A link came up: quorum queue followers ask their leader there for a copy."""
+        self.quorum.link_up(peer)
+
+    def link_down(self, peer: str) -> None:
+        self.quorum.link_down(peer)
 
     def remote_queue(self, vhost: str, name: str) -> RemoteQueue | None:
         v = self.node.vhosts.get(vhost)

@@ -170,9 +170,13 @@ def _apply_exchange(node: Node, parts: tuple[str, ...], rec: Record | None) -> N
 
 
 def _queue_record(vhost: str | None, q: Any) -> Record:
-    return {"vhost": vhost, "name": q.name, "durable": q.durable, "auto_delete": q.auto_delete,
-            "exclusive": q.exclusive_owner is not None, "arguments": encode_table(q.arguments),
-            "node": q.home}
+    record = {"vhost": vhost, "name": q.name, "durable": q.durable,
+              "auto_delete": q.auto_delete, "exclusive": q.exclusive_owner is not None,
+              "arguments": encode_table(q.arguments), "node": q.home}
+    if q.args.kind == "quorum":  # its members (the leader first) and the leader's epoch
+        record["members"] = list(q.members or [q.home])
+        record["epoch"] = max(q.epoch, 1)
+    return record
 
 
 def _apply_queue(node: Node, parts: tuple[str, ...], rec: Record | None) -> None:
@@ -184,7 +188,7 @@ def _apply_queue(node: Node, parts: tuple[str, ...], rec: Record | None) -> None
         if q is not None:
             vhost.delete_queue(q)
         return
-    if q is None or q.home != rec["node"]:
+    if q is None or q.home != rec["node"] or "members" in rec:
         node.cluster.place_queue(vhost, rec)
 
 

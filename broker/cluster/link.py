@@ -27,6 +27,7 @@ import hashlib
 import hmac
 import json
 import os
+from inspect import isawaitable
 from itertools import count
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ from broker.cluster.link_codec import (
     CONTROL,
     DELIVER,
     HEADER,
+    LOG,
     PUBLISH,
     decode_deliver,
     decode_publish,
@@ -140,6 +142,16 @@ class Link:
 
     def control(self, message: dict[str, Any]) -> None:
         self.send(encode_control(message))
+
+    async def drained(self) -> None:
+        """Let what was sent go out, and wait while more than HIGH_WATER is buffered (a
+        long stream of frames, such as a quorum queue's copy, keeps to the socket's pace)."""
+        await asyncio.sleep(0)
+        while not self.closed and self.writer.transport.get_write_buffer_size() > HIGH_WATER:
+            with contextlib.suppress(ConnectionError):
+                await self.writer.drain()
+        if self.closed:
+            raise LinkError(f"link to {self.peer} closed")
 
     async def call(self, message: dict[str, Any]) -> dict[str, Any]:
         call_id = next(self._ids)
@@ -272,13 +284,15 @@ class Link:
             vhost = self.cluster.node.vhosts.get(record["vhost"])
             if vhost is not None:
                 with self.cluster.metadata.quiet():
-                    self.cluster.place_queue(vhost, record)
+                    self.cluster.place_queue(vhost, record, new=bool(m.get("new")))
             return {}
         q = self._local_queue(m["v"], m["q"])
         if q is None:
             return {"missing": True}
         if op == "get":
             got = q.get(m["ack"])
+            if isawaitable(got):  # a quorum queue waits for earlier publishes to commit
+                got = await got
             if got is None:
                 return {"empty": True}
             (seq, msg, redelivered, _), remaining = got
@@ -296,7 +310,9 @@ class Link:
 
     def _on_control(self, m: dict[str, Any]) -> None:
         op = m["op"]
-        if op == "confirm":
+        if op.startswith("q_"):  # a quorum queue's members (broker/cluster/quorum.py)
+            self.cluster.quorum.on_control(self, m)
+        elif op == "confirm":
             self._on_confirm(m)
         elif op == "bump":
             self._on_bump(m)
@@ -347,6 +363,8 @@ class Link:
                     self._on_deliver(payload)
                 elif kind == CONTROL:
                     self._on_control(json.loads(payload))
+                elif kind == LOG:
+                    self.cluster.quorum.on_log(self, payload)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         except Exception:
@@ -434,6 +452,7 @@ class Links:
     def link_closed(self, link: Link) -> None:
         if self.links.get(link.peer) is link:
             del self.links[link.peer]
+            self.cluster.link_down(link.peer)
         self.node_up(link.peer)  # dial again while the peer is running
 
     # -- dialling (the first name of a pair dials) ------------------------------------------

@@ -3,8 +3,10 @@
 A frame is `length (u32) | kind (u8) | payload`, length counting kind and payload. Messages
 travel in batches: one PUBLISH frame carries every message a channel routed to one remote
 queue in one batch, one DELIVER frame every message a queue delivered to one remote consumer
-in one wake-up. Control frames (confirms, credit, subscriptions, acks, RPCs) are JSON: they
-come once per batch, not per message."""
+in one wake-up, one LOG frame one batch of a quorum queue's replicated log (its leader's turn,
+broker/queue/quorum_log.py) or a piece of a copy of the queue to a member. Control frames
+(confirms, credit, subscriptions, acks, RPCs, log positions) are JSON: they come once per
+batch, not per message."""
 
 from __future__ import annotations
 
@@ -12,15 +14,23 @@ import json
 import struct
 from typing import Any
 
+from broker.queue.quorum_log import OP_ACK, OP_COUNT, OP_PUB, Op
+
 __all__ = [
     "CONTROL",
     "DELIVER",
     "HEADER",
+    "LOG",
+    "LOG_BATCH",
+    "LOG_COPY",
+    "LOG_COPY_BEGIN",
     "PUBLISH",
     "decode_deliver",
+    "decode_log",
     "decode_publish",
     "encode_control",
     "encode_deliver",
+    "encode_log",
     "encode_publish",
 ]
 
@@ -28,11 +38,23 @@ HEADER = struct.Struct(">IB")
 PUBLISH = 1  # sender id, vhost, queue, [(seq, exchange, routing key, props, body)]
 DELIVER = 2  # consumer id, [(queue seq, redelivered, exchange, routing key, props, body)]
 CONTROL = 3  # a JSON object with "op"
+LOG = 4  # epoch, position, kind, vhost, queue, [operation]: a quorum queue's log
+
+# what a LOG frame is: a batch of the leader's, the first piece of a copy of the queue to a
+# member (the member forgets its delivery states first), or a further piece
+LOG_BATCH = 0
+LOG_COPY_BEGIN = 1
+LOG_COPY = 2
 
 _PUB_HEAD = struct.Struct(">II")  # sender id, count
 _PUB_ITEM = struct.Struct(">QII")  # seq, props length, body length
 _DEL_HEAD = struct.Struct(">II")  # consumer id, count
 _DEL_ITEM = struct.Struct(">Q?II")  # queue seq, redelivered, props length, body length
+
+_LOG_HEAD = struct.Struct(">QQBI")  # epoch, position, kind, operation count
+_OP_PUB = struct.Struct(">BQQQI")  # OP_PUB, seq, msg_id hi, msg_id lo, data length
+_OP_LIST = struct.Struct(">BI")  # OP_ACK / OP_COUNT, count
+_M64 = (1 << 64) - 1
 
 Item = tuple[int, str, str, bytes, bytes]
 
@@ -112,3 +134,53 @@ def decode_deliver(payload: bytes) -> tuple[int, list[DeliverItem]]:
 
 def encode_control(message: dict[str, Any]) -> list[bytes]:
     return _frame(CONTROL, [json.dumps(message, separators=(",", ":")).encode()])
+
+
+def encode_log(epoch: int, pos: int, kind: int, vhost: str, queue: str,
+               ops: list[Op]) -> list[bytes]:
+    """One LOG frame: the operations of broker/queue/quorum_log.py, packed."""
+    parts = [_LOG_HEAD.pack(epoch, pos, kind, len(ops)), _names(vhost, queue)]
+    for op in ops:
+        code = op[0]
+        if code == OP_PUB:
+            _, seq, msg_id, data = op
+            parts += [_OP_PUB.pack(OP_PUB, seq, msg_id >> 64, msg_id & _M64, len(data)), data]
+        elif code == OP_ACK:
+            seqs = op[1]
+            parts += [_OP_LIST.pack(OP_ACK, len(seqs)), struct.pack(f">{len(seqs)}Q", *seqs)]
+        else:
+            pairs = op[1]
+            flat = [x for pair in pairs for x in pair]
+            parts += [_OP_LIST.pack(OP_COUNT, len(pairs)),
+                      struct.pack(">" + "QI" * len(pairs), *flat)]
+    return _frame(LOG, parts)
+
+
+def decode_log(payload: bytes) -> tuple[int, int, int, str, str, list[Op]]:
+    """(epoch, position, kind, vhost, queue, operations) of a LOG frame."""
+    buf = memoryview(payload)
+    epoch, pos, kind, count = _LOG_HEAD.unpack_from(buf, 0)
+    vhost, at = _read_name(buf, _LOG_HEAD.size)
+    queue, at = _read_name(buf, at)
+    ops: list[Op] = []
+    for _ in range(count):
+        code = buf[at]
+        if code == OP_PUB:
+            _, seq, hi, lo, size = _OP_PUB.unpack_from(buf, at)
+            at += _OP_PUB.size
+            ops.append((OP_PUB, seq, hi << 64 | lo, bytes(buf[at:at + size])))
+            at += size
+        elif code == OP_ACK:
+            _, n = _OP_LIST.unpack_from(buf, at)
+            at += _OP_LIST.size
+            ops.append((OP_ACK, list(struct.unpack_from(f">{n}Q", buf, at))))
+            at += 8 * n
+        elif code == OP_COUNT:
+            _, n = _OP_LIST.unpack_from(buf, at)
+            at += _OP_LIST.size
+            flat = struct.unpack_from(">" + "QI" * n, buf, at)
+            ops.append((OP_COUNT, list(zip(flat[::2], flat[1::2], strict=True))))
+            at += 12 * n
+        else:
+            raise ValueError(f"unknown log operation {code}")
+    return epoch, pos, kind, vhost, queue, ops

@@ -74,6 +74,11 @@ class Cluster(Protocol):
     async def counts(self, queue: Any) -> tuple[int, int]:
         """(messages, consumers) of a queue as its home node has them (declare-ok)."""
 
+    async def change_queue_members(self, vhost: str, name: str, *, add: str | None,
+                                   remove: str | None) -> dict[str, Any]:
+        """A quorum queue's members grown or shrunk (its record: members, leader); LookupError
+        for no such queue, ValueError for a change that cannot be made."""
+
 
 class LocalCluster:
     """One node: the cluster is its name and itself."""
@@ -122,6 +127,21 @@ class LocalCluster:
 
     async def counts(self, queue: Any) -> tuple[int, int]:
         return queue.message_count, queue.consumer_count
+
+    async def change_queue_members(self, vhost: str, name: str, *, add: str | None,
+                                   remove: str | None) -> dict[str, Any]:
+        v = self.node.vhosts.get(vhost)
+        q = v.queues.get(name) if v is not None else None
+        if q is None:
+            raise LookupError(f"no queue '{name}' in vhost '{vhost}'")
+        if q.args.kind != "quorum":
+            raise ValueError(f"queue '{name}' in vhost '{vhost}' is not a quorum queue")
+        for other in (add, remove):
+            if other is not None and other != self.node.name:
+                raise ValueError(f"node '{other}' is not a member of the cluster")
+        if remove is not None:
+            raise ValueError("a quorum queue keeps at least one member")
+        return {"members": [self.node.name], "node": self.node.name}
 
 
 def self_card(node: Node, started_ms: int) -> dict[str, Any]:

@@ -50,6 +50,10 @@ class Membership:
         self.running: dict[str, dict[str, Any]] = {}  # name -> card, from nodes/
         self.known: dict[str, dict[str, Any]] = {}  # name -> card, from known/
         self.on_change: Callable[[str, bool], None] | None = None  # (name, running)
+        # until when (monotonic) our lease surely holds: from before the call that granted or
+        # refreshed it, so never later than etcd's own expiry
+        self.lease_until = 0.0
+        self.on_rejoined: Callable[[], None] | None = None  # our lease had expired
         self.lease_lost = 0  # times our lease expired under us (partitions survived)
 
     # -- our own card -----------------------------------------------------------------------
@@ -62,7 +66,9 @@ class Membership:
     async def join(self) -> None:
         """Take our name in the cluster, or raise NodeNameTaken."""
         key = self.nodes_prefix + self.node_name
+        asked = time.monotonic()
         self.lease = await self.etcd.grant(self.ttl_s)
+        self.lease_until = asked + self.ttl_s
         card = self._own_card()
         for _ in range(3):
             result = await self.etcd.txn(
@@ -107,11 +113,17 @@ class Membership:
         attempt = 0
         while True:
             try:
+                asked = time.monotonic()
                 left = await self.etcd.keepalive(self.lease)
                 if left <= 0:
                     self.lease_lost += 1
+                    self.lease_until = 0.0
                     log.warning("cluster lease expired: joining again", node=self.node_name)
                     await self.join()
+                    if self.on_rejoined is not None:
+                        self.on_rejoined()
+                else:
+                    self.lease_until = asked + left
                 on_etcd(True)
                 attempt = 0
                 await asyncio.sleep(self.ttl_s / 3)

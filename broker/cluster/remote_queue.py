@@ -75,6 +75,16 @@ class RemoteQueue:
         self.deleted = False
         self._senders: set[Channel] = set()  # channels that published to it: told when it goes
         self.credit_flow = _RemoteCredit(self)
+        # a quorum queue's members and leader epoch (None: a queue homed on one node)
+        self.members: list[str] | None = None
+        self.epoch = 0
+        self.update(record)
+
+    def update(self, record: dict[str, Any]) -> None:
+        """The record changed without moving the queue (a quorum queue's members)."""
+        if "members" in record:
+            self.members = list(record["members"])
+            self.epoch = int(record["epoch"])
 
     # -- what the vhost and channels ask of any queue ---------------------------------------
     def _home_down(self) -> ChannelError:
@@ -209,7 +219,10 @@ class RemoteQueue:
         return any(c.exclusive for c in self.consumers)
 
     def stop(self) -> None:
+        """Deleted: a quorum queue's member on this node goes too."""
         self.shutdown()
+        if self.members is not None:
+            self.cluster.quorum.forget((self.vhost.name, self.name))
 
     def shutdown(self) -> None:
         self.deleted = True
@@ -234,7 +247,16 @@ class RemoteQueue:
                 "arguments": self.arguments, "messages": 0, "messages_ready": 0,
                 "messages_unacknowledged": 0, "consumers": len(self.consumers),
                 "message_bytes_ready": 0,
-                "state": "running" if self.available() else "down"}
+                "state": "running" if self.available() else "down",
+                **self._quorum_info()}
+
+    def _quorum_info(self) -> dict[str, Any]:
+        if self.members is None:
+            return {}
+        running = self.cluster.node_running
+        return {"leader": self.home, "members": list(self.members), "epoch": self.epoch,
+                "online": [m for m in self.members if running(m)],
+                "member": self.cluster.quorum.info(self.vhost.name, self.name)}
 
     def __repr__(self) -> str:
         return f"<RemoteQueue {self.vhost.name}/{self.name} on {self.home}>"

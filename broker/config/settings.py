@@ -387,6 +387,14 @@ class Settings:
             "etcd lease TTL: a node silent this long is down for the cluster",
         ),
     )
+    quorum_initial_group_size: int = field(
+        default=3,
+        metadata=_m(
+            v.int_value(1, 64),
+            "members of a new quorum queue without x-quorum-initial-group-size (at most the "
+            "running nodes; RabbitMQ's quorum_cluster_size)",
+        ),
+    )
     # semantics
     unroutable: Unroutable = field(
         default=Unroutable.ACK,

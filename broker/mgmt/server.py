@@ -167,6 +167,7 @@ def build_app(node: Node, stats: Stats) -> web.Application:
         messages,
         metrics,
         policies,
+        quorum,
         topic_permissions,
         user_limits,
     )
@@ -185,6 +186,7 @@ def build_app(node: Node, stats: Stats) -> web.Application:
     health.add_routes(app)
     topic_permissions.add_routes(app)
     user_limits.add_routes(app)
+    quorum.add_routes(app)
     return app
 
 

@@ -82,9 +82,15 @@ def queue_json(q: AMQQueue, stats: Stats, node_name: str) -> dict[str, Any]:
         "effective_policy_definition": dict(q.args.applied.effective),
         **_paging(q),
         # a replicated queue's members (RabbitMQ's quorum queue fields)
-        **{key: info[key] for key in ("leader", "members", "online") if key in info},
+        **{key: info[key] for key in _QUORUM_FIELDS if key in info},
         **{key: info[key] for key in _STREAM_FIELDS if key in info},
     }
+
+
+# a quorum queue's: RabbitMQ's leader, members, online; Hare's epoch and log positions (the
+# leader's view of each member), and on a follower its own member's state
+_QUORUM_FIELDS = ("leader", "members", "online", "epoch", "commit_position", "positions",
+                  "log_bytes_shipped", "member")
 
 
 def _name(policy: Policy | None) -> str | None:

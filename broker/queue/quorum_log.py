@@ -85,6 +85,10 @@ class MemberLog:
         self._syncing = False
         self._state_dirty = False  # epoch or voter changed: a STATE record is due
         self._retry: asyncio.TimerHandle | None = None
+        self.copying = False  # a leader's copy is being applied
+        self._rounds = 0  # fsync rounds started
+        self._stream = 0  # a copy restarts the positions: rounds of an older stream count not
+        self._notify_round = 0  # tell on_durable when this round is done, moved or not
         self.opened = False  # recover() ran
         self.closed = False
         self._meta_lock = threading.Lock()  # a sync round's member file write vs close()
@@ -124,6 +128,59 @@ class MemberLog:
         self.opened = True
         self.state = MemberState(epoch, epoch, 0, True, [(epoch, 0)])
         self.meta.rewrite(self.state, {})
+
+    def promote(self, epoch: int) -> None:
+        """This member leads `epoch` from now on: its entries from here on are the epoch's
+        (`history`), and it holds the queue as of its position."""
+        s = self.state
+        s.epoch = max(s.epoch, epoch)
+        s.last_epoch = epoch
+        if not s.history or s.history[-1][0] != epoch:
+            s.history.append((epoch, self.next_seq()))
+        s.voter = True
+        self.save_state()
+
+    def fence(self, epoch: int) -> None:
+        """This member votes past `epoch`: it refuses that leader's batches from now on."""
+        if self.state.epoch <= epoch:
+            self.state.epoch = epoch + 1
+            self.save_state()
+
+    def begin_copy(self, pos: int) -> None:
+        """A leader copies the queue to this member. Before the copy changes anything on
+        disk, the member file says it is no voter (a crash half-way must not leave a claim to
+        a position its index no longer holds); its delivery states are the leader's next."""
+        self.end_batch()
+        self.copying = True
+        self.state.voter = False
+        with self._meta_lock:
+            self.meta.append(encode_state(self.state))
+        if self.counts:
+            self._dirty_counts.extend((seq, 0) for seq in self.counts)
+            self.counts = {}
+        # positions count from the leader's stream now
+        self._stream += 1
+        self.state.pos = pos
+        self.synced_pos = self.durable_pos = min(self.durable_pos, pos)
+        for msg_id, at in self._store_wait.items():
+            self._store_wait[msg_id] = min(at, pos)
+
+    def end_copy(self, epoch: int, history: list[tuple[int, int]]) -> None:
+        """The copy is complete: the member holds the leader's state and votes again (once
+        that is on disk, its position is told)."""
+        s = self.state
+        s.epoch = max(s.epoch, epoch)
+        s.last_epoch = epoch
+        s.history = list(history)
+        s.voter = True
+        self.copying = False
+        self._notify_round = self._rounds + 1  # the round that writes this state
+        self.end_batch()
+        self.save_state()
+
+    def empty(self) -> bool:
+        """Nothing held and nothing applied yet."""
+        return not self.state.pos and not self.index.count() and not self.open_pos
 
     def next_seq(self) -> int:
         return self.index.bounds()[1]
@@ -241,6 +298,9 @@ class MemberLog:
             return
         self._syncing = True
         self._state_dirty = False
+        self._rounds += 1
+        round_no = self._rounds
+        stream = self._stream
         target = self.state.pos
         state = self.state.copy()
         counts, self._dirty_counts = self._dirty_counts, []
@@ -248,7 +308,7 @@ class MemberLog:
         compact = (self.meta.size > COMPACT_BYTES and dict(self.counts)) or None
         fut = asyncio.get_running_loop().run_in_executor(
             None, self._sync_round, record, state, compact)
-        fut.add_done_callback(lambda f: self._synced(target, counts, f))
+        fut.add_done_callback(lambda f: self._synced(target, counts, round_no, stream, f))
 
     def _sync_round(self, record: bytes, state: MemberState,
                     compact: dict[int, int] | None) -> None:  # worker thread
@@ -264,8 +324,8 @@ class MemberLog:
             else:
                 self.meta.append(record)
 
-    def _synced(self, target: int, counts: list[tuple[int, int]],
-                fut: asyncio.Future[None]) -> None:
+    def _synced(self, target: int, counts: list[tuple[int, int]], round_no: int,
+                stream: int, fut: asyncio.Future[None]) -> None:
         self._syncing = False
         if self.closed:
             return
@@ -275,8 +335,14 @@ class MemberLog:
             self._dirty_counts[:0] = counts
             self._retry = asyncio.get_running_loop().call_later(_RETRY_S, self._retry_kick)
             return
-        self.synced_pos = target
+        if stream == self._stream:
+            self.synced_pos = target
+        before = self.durable_pos
         self._advance()
+        if self._notify_round and round_no >= self._notify_round:
+            self._notify_round = 0
+            if self.durable_pos == before and self.on_durable is not None:
+                self.on_durable(self.durable_pos)
         self._kick()
 
     def _retry_kick(self) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
@@ -121,6 +122,23 @@ class Followers(Protocol):
 
     def stop(self) -> None: ...
 
+    def member_positions(self) -> dict[str, int]:
+        """Each follower's position as it answered (the management API)."""
+        ...
+
+    @property
+    def shipped_bytes(self) -> int:
+        """LOG frame bytes sent to the followers so far (the cost of replication)."""
+        ...
+
+
+def _always() -> bool:
+    return True
+
+
+def _running(node: str) -> bool:
+    return True
+
 
 class QuorumQueue(AMQQueue):
     def __init__(self, vhost: VHost, name: str, *, durable: bool = True,
@@ -138,6 +156,11 @@ class QuorumQueue(AMQQueue):
         self.members: list[str] = [self.home]  # the leader first
         self.epoch = 0
         self.followers: Followers | None = None
+        # a cluster's leader delivers only while it holds its etcd lease (another leader can
+        # be elected only after that lease expired); a single node always may
+        self.lease_ok: Callable[[], bool] = _always
+        self.node_running: Callable[[str], bool] = _running
+        self._lease_timer: asyncio.TimerHandle | None = None
         self._commit_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._dlx: _AtLeastOnce | None = None
         self._over_limit: set[int] = set()  # returned past x-delivery-limit while away
@@ -197,6 +220,8 @@ class QuorumQueue(AMQQueue):
             self.followers = None
         if self._dlx is not None:
             self._dlx.stop()
+        if self._lease_timer is not None:
+            self._lease_timer.cancel()
         for _, fut in self._commit_waiters:
             if not fut.done():
                 fut.set_result(None)
@@ -326,6 +351,9 @@ class QuorumQueue(AMQQueue):
     # -- delivery: only what a majority holds ---------------------------------------------------
     def _deliver(self) -> None:
         if self.commit_pos >= self.term_pos:
+            if not self.lease_ok():
+                self._lease_wait()
+                return
             if self._over_limit:
                 over, self._over_limit = self._over_limit, set()
                 self._discard_ready(over)
@@ -341,6 +369,8 @@ class QuorumQueue(AMQQueue):
             wait_for = max(wait_for, self.term_pos)
         if wait_for > self.commit_pos:
             return self._get_after(wait_for, ack_required)
+        if not self.lease_ok():
+            return None
         return self._get_now(ack_required)
 
     async def _get_after(self, pos: int, ack_required: bool) -> tuple[Entry, int] | None:
@@ -350,7 +380,7 @@ class QuorumQueue(AMQQueue):
             await asyncio.wait_for(fut, GET_WAIT_S)
         except TimeoutError:
             pass
-        if self.deleted or not self.serving:
+        if self.deleted or not self.serving or not self.lease_ok():
             return None
         return self._get_now(ack_required)
 
@@ -362,6 +392,15 @@ class QuorumQueue(AMQQueue):
         if not entry[2]:  # RabbitMQ's basic.get says x-delivery-count: 0 too
             entry = (entry[0], with_delivery_count(entry[1], 0), False, entry[3])
         return entry, remaining
+
+    def _lease_wait(self) -> None:
+        """Deliveries wait for the node's lease to be renewed: look again shortly."""
+        if self._lease_timer is None and not self.deleted:
+            self._lease_timer = asyncio.get_running_loop().call_later(0.1, self._lease_again)
+
+    def _lease_again(self) -> None:
+        self._lease_timer = None
+        self.wake()
 
     # -- returns and the delivery limit -----------------------------------------------------
     def requeue(self, seqs: list[int]) -> None:
@@ -421,11 +460,18 @@ class QuorumQueue(AMQQueue):
     # -- introspection ----------------------------------------------------------------------
     def online(self) -> list[str]:
         """The members that are running (a single node: itself)."""
-        return list(self.members)
+        return [m for m in self.members if self.node_running(m)]
 
     def info(self) -> dict[str, Any]:
         out = super().info()
+        positions = {self.home: self.log.durable_pos} if self.log is not None else {}
+        shipped = 0
+        if self.followers is not None:
+            positions.update(self.followers.member_positions())
+            shipped = self.followers.shipped_bytes
         out.update(leader=self.home, members=list(self.members), online=self.online(),
+                   epoch=self.epoch, commit_position=self.commit_pos, positions=positions,
+                   log_bytes_shipped=shipped,
                    messages_uncommitted=len(self._uncommitted),
                    messages_dlx=len(self._dlx.pending) if self._dlx is not None else 0)
         return out

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import re
 import shutil
 import threading
 from array import array
@@ -60,6 +61,7 @@ log = structlog.get_logger(__name__)
 _MAX_OPEN_FILES = 8  # segment descriptors kept open between flushes
 _MAX_JOURNAL_BYTES = 4 << 20  # embedded payload bytes buffered before a forced flush
 _BULK_READ = 32  # more entries than this from one segment: read the file once
+_LIVE_RUN = re.compile(rb"[^\x00]+")  # runs of live entries in a segment's state array
 
 # per-entry state in a segment's state array
 _ABSENT = 0
@@ -343,6 +345,23 @@ class QueueIndex:
                 if ids is not None:
                     out.append(IndexEntry(base + rel, ids[0], ids[1], state[rel] == _DELIVERED))
         self._limit_open_files()
+        return out
+
+    def live_ranges(self) -> list[tuple[int, int]]:
+        """The un-acked seq_ids as sorted [start, end) ranges (from the state arrays)."""
+        out: list[tuple[int, int]] = []
+        with self._lock:
+            for number in sorted(self._segments):
+                seg = self._segments[number]
+                if not seg.unacked:
+                    continue
+                base = number * self.segment_entries
+                for run in _LIVE_RUN.finditer(seg.state):
+                    start, end = base + run.start(), base + run.end()
+                    if out and out[-1][1] == start:
+                        out[-1] = (out[-1][0], end)
+                    else:
+                        out.append((start, end))
         return out
 
     def count(self) -> int:
