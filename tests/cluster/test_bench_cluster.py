@@ -38,3 +38,25 @@ def test_bench_cluster_reports_both_set_ups_and_the_link_cost(
     for kind in ("publish", "deliver"):
         for where in ("local", "forwarded"):
             assert len(rounds[f"{kind}_{where}_us"]) == 1
+
+
+def test_bench_quorum_reports_every_set_up_and_the_replication_cost(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """broker/perf/bench_quorum.py with a tiny load and without RabbitMQ (which tests never
+    need): both Hare set-ups measured, the replication bytes counted (two followers each get
+    every message: more than twice the body a message)."""
+    from broker.perf import bench_quorum
+
+    if not Path(ETCD).exists():
+        pytest.skip("etcd is not installed (Debian's etcd-server)")
+    assert bench_quorum.main(["--rounds", "1", "--count", "300", "--size", "512",
+                              "--no-rabbitmq", "--port", str(free_base())]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rounds, summary = out["rounds"], out["summary"]
+    for setup in ("hare quorum x3", "hare classic"):
+        for kind in ("publish", "consume"):
+            assert rounds[f"{setup}: {kind} msg_s"][0] > 0
+            assert rounds[f"{setup}: {kind} broker us/msg"][0] >= 0  # ticks of 10 ms
+    assert rounds["hare quorum x3: replication bytes/msg"][0] > 2 * 512
+    assert summary["publish: quorum x3 / hare classic"]["median"] > 0
