@@ -3,12 +3,14 @@ append-only log (broker/store/stream_log.py) that any number of consumers read, 
 own offset, without taking anything away.
 
 No task of its own: a publish batch is appended at once (StreamLog.append never awaits) and
-one chunk per batch is written by the log's flusher. When chunks are committed (durable), the
-log calls back: confirms go to the publishing channels, credit is granted back to them (so
-publishers run at the disk's pace and the chunks waiting in RAM stay bounded), and consumers
-are served. A consumer is a StreamReader at its position; its prefetch is its credit, and an
-ack only gives credit back (RabbitMQ's streams: settle = credit). Every delivery carries its
-offset in the `x-stream-offset` header, stamped on the message once, when it is appended."""
+one chunk per batch is written by the log's flusher. Publishers get their credit back at once
+while the log keeps up, and only as their chunks are committed once more than
+UNWRITTEN_BYTES wait to be written (so they slow to the disk's pace and the RAM held for them
+stays bounded). When chunks are committed (durable), the log calls back: confirms go to the
+publishing channels, and consumers are served. A consumer is a StreamReader at its position;
+its prefetch is its credit, and an ack only gives credit back (RabbitMQ's streams: settle =
+credit). Every delivery carries its offset in the `x-stream-offset` header, stamped on the
+message once, when it is appended."""
 
 from __future__ import annotations
 
@@ -42,6 +44,10 @@ __all__ = ["StreamQueue", "check_stream_consume", "max_age_ms", "not_supported",
 log = structlog.get_logger("hare.queue")
 
 DELIVERY_BATCH = 1000  # deliveries per consumer per pass before yielding to the loop
+# Bodies appended and not yet written above which publishers get their credit back only as
+# their chunks are committed: they slow to the disk's pace, and the RAM a stream holds for
+# them stays bounded (credit flow, docs/FLOW.md).
+UNWRITTEN_BYTES = 16 << 20
 _OFFSET_HEADER = b"x-stream-offset"
 _LONG = struct.Struct(">q")
 # x-max-age units, as RabbitMQ's rabbit_amqqueue:check_max_age
@@ -236,9 +242,14 @@ class StreamQueue:
                 seqs.append(seq)
         slog.append(stamped)
         self.published += len(items)
+        held = len(items)
         if channel is not None:
             self._senders.add(channel)
-        self._unconfirmed.append((offset, channel, len(items), seqs))
+            if slog.unwritten_bytes <= UNWRITTEN_BYTES:
+                # the disk keeps up: credit back now, as a classic queue after its turn
+                self.credit_flow.ack_many(channel, held)
+                held = 0
+        self._unconfirmed.append((offset, channel, held, seqs))
 
     def _committed(self, committed: int) -> None:
         """The log committed everything below `committed`: confirm, grant credit, deliver."""

@@ -116,6 +116,7 @@ class StreamLog:
         self._tail_size = 0
         self._last_time = 0
         self._pending: list[_Pending] = []
+        self.unwritten_bytes = 0  # bodies appended and not yet written (credit flow reads it)
         self._settled = 0  # offsets below are committed or failed
         self._sync_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._wake = asyncio.Event()
@@ -248,6 +249,7 @@ class StreamLog:
         if self._flusher is not None:
             self._flusher.cancel()
         self._pending.clear()
+        self.unwritten_bytes = 0
         self._settled = self.next_offset
         self._wake_syncs()
         gone = self.directory.with_name(f".deleted-{self.directory.name}-{uuid.uuid4().hex[:8]}")
@@ -292,6 +294,7 @@ class StreamLog:
                 self._pending.append(chunk)
             chunk.msgs.append(msg)
             chunk.size += size
+            self.unwritten_bytes += size
             self.next_offset += 1
         self._wake.set()
         return first
@@ -303,6 +306,7 @@ class StreamLog:
             self._wake.clear()
             batch, self._pending = self._pending, []
             if batch:
+                self.unwritten_bytes -= sum(p.size for p in batch)  # settled either way below
                 try:
                     done = await self._in_thread(self._write, batch)
                 except _WriteFailed as failed:
