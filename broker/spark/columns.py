@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from array import array
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -108,12 +109,22 @@ def to_record_batch(deliveries: Sequence[Delivery], queue: str) -> pa.RecordBatc
 
 def to_stream_batch(deliveries: Sequence[Delivery], offsets: Sequence[int], stream: str
                     ) -> pa.RecordBatch:
-    """A stream's deliveries and their offsets as one Arrow batch in STREAM_ARROW_SCHEMA."""
-    return _batch(STREAM_ARROW_SCHEMA, deliveries, [list(offsets)], stream)
+    """A stream's deliveries and their offsets as one Arrow batch in STREAM_ARROW_SCHEMA. The
+    x-stream-offset header is the offset column, not a map entry: every delivery has it, and
+    a map per row cost the batch 10x (159 against 16 ms for 30,000 rows)."""
+    headers = [_without_offset(d.properties.headers) for d in deliveries]
+    # an array('q'): pyarrow 26 takes 30x longer to convert a list of small ints to int64
+    return _batch(STREAM_ARROW_SCHEMA, deliveries, [array("q", offsets)], stream, headers)
 
 
-def _batch(fields: pa.Schema, deliveries: Sequence[Delivery], own: list[list[Any]],
-           name: str) -> pa.RecordBatch:
+def _without_offset(headers: Mapping[str, Any] | None) -> list[tuple[str, str | None]] | None:
+    if not headers or (len(headers) == 1 and "x-stream-offset" in headers):
+        return None
+    return header_strings({k: v for k, v in headers.items() if k != "x-stream-offset"})
+
+
+def _batch(fields: pa.Schema, deliveries: Sequence[Delivery], own: list[Any],
+           name: str, headers: list[Any] | None = None) -> pa.RecordBatch:
     """Body, exchange and routing key, the source's `own` columns, the properties, then the
     queue or stream `name`: the layout both sources share."""
     props = [d.properties for d in deliveries]
@@ -126,7 +137,7 @@ def _batch(fields: pa.Schema, deliveries: Sequence[Delivery], own: list[list[Any
         [p.correlation_id for p in props],
         [p.content_type for p in props],
         [None if p.timestamp is None else p.timestamp * 1_000_000 for p in props],
-        [header_strings(p.headers) for p in props],
+        headers if headers is not None else [header_strings(p.headers) for p in props],
         [name] * len(deliveries),
     ]
     arrays = [pa.array(col, type=field.type) for col, field in zip(columns, fields, strict=True)]

@@ -22,14 +22,14 @@ from tests.spark.helpers import kill, source_runners, wait_for
 
 
 def fill(url: str, name: str, bodies: list[bytes], declare: bool = True,
-         **arguments: object) -> None:
+         props: pika.BasicProperties | None = None, **arguments: object) -> None:
     conn = pika.BlockingConnection(pika.URLParameters(url))
     ch = conn.channel()
     if declare:
         ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream", **arguments})
     ch.confirm_delivery()
     for body in bodies:
-        ch.basic_publish("", name, body)
+        ch.basic_publish("", name, body, props)
     conn.close()
 
 
@@ -96,9 +96,15 @@ def test_batches_are_offset_ranges_and_a_replay_reads_the_same(hare) -> None:
     assert offsets(r.readBetweenOffsets({"start": "earliest"}, ends[0])) == list(range(10))
     # commit acks nothing: the stream still holds everything
     r.commit({"offset": 25})
-    fill(hare.url, name, [b"late"], declare=False)
+    fill(hare.url, name, [b"late"], declare=False,
+         props=pika.BasicProperties(headers={"k": "v"}, message_id="m-late"))
     rows, end = r.read(start)
-    assert offsets(rows) == [25] and end == {"offset": 26}
+    [late] = list(rows)
+    assert offsets([late]) == [25] and end == {"offset": 26}
+    # the offset is a column; the headers keep what the publisher sent
+    assert late.column("headers").to_pylist() == [[("k", "v")]]
+    assert late.column("message_id").to_pylist() == ["m-late"]
+    assert again[0].column("headers").to_pylist()[0] is None
 
 
 def test_starting_offsets(hare) -> None:
