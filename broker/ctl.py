@@ -315,7 +315,7 @@ def _verify(_: Client | None, a: argparse.Namespace) -> tuple[Any, str]:
     (broker.store.verify: the parsers recovery uses)."""
     try:  # the store's own checker; imported only here
         from broker.store import layout
-        from broker.store.verify import verify, verify_queue_indexes
+        from broker.store.verify import verify, verify_queue_indexes, verify_streams
     except ImportError:
         raise CtlError("verify is not available in this build", EX_SOFTWARE) from None
     root = Path(a.data_dir)
@@ -352,6 +352,16 @@ def _verify(_: Client | None, a: argparse.Namespace) -> tuple[Any, str]:
                      f"{ix.bytes} bytes)")
         lines += [f"  {p}" for p in ix.problems()]
         lines += [f"  quarantined: {q}" for q in ix.quarantined]
+    if (root / layout.STREAMS).is_dir():
+        st = verify_streams(root / layout.STREAMS)
+        data.append({"directory": st.directory, "ok": st.ok, "streams": st.streams,
+                     "segments": st.segments, "messages": st.messages, "bytes": st.bytes,
+                     "quarantined": st.quarantined, "problems": st.problems()})
+        lines.append(f"{st.directory}: {'ok' if st.ok else 'DAMAGED'} ({st.streams} "
+                     f"stream(s), {st.segments} segment(s), {st.messages} message(s), "
+                     f"{st.bytes} bytes)")
+        lines += [f"  {p}" for p in st.problems()]
+        lines += [f"  quarantined: {q}" for q in st.quarantined]
     if not all(d["ok"] for d in data):
         a.exit_code = EX_DATAERR
     return data, "\n".join(lines)

@@ -55,14 +55,11 @@ from broker.store.queue_index_files import (
 )
 from broker.store.segment import CorruptRecord, decode_record
 from broker.store.stream_format import (
-    FILE_HEADER_SIZE,
+    SegmentDamage,
     chunk_records,
-    index_entries,
-    index_entry,
-    index_path,
     list_segments,
-    read_chunk,
     segment_path,
+    walk_segment,
 )
 
 __all__ = ["STORE_SCHEMA", "HareStoreDataSource", "HareStoreError"]
@@ -311,59 +308,22 @@ def _read_segment(data_dir: Path, part: _SegmentPartition) -> Iterator[pa.Record
 
 def _read_stream_segment(data_dir: Path, part: _StreamPartition) -> Iterator[pa.RecordBatch]:
     """The rows of one stream segment: every chunk that checks out, as the stream's recovery
-    keeps them; a damaged chunk is a damage row and the walk goes on at the next chunk its
-    index names, a torn tail is a damage row at the end."""
+    keeps them; a damaged chunk or a torn tail is a damage row (stream_format.walk_segment)."""
     rows = _Rows(part.vhost, part.queue)
     directory = data_dir / part.directory
     rel = f"{part.directory}/{segment_path(directory, part.first).name}"
-    fd = os.open(segment_path(directory, part.first), os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        pos = FILE_HEADER_SIZE
-        while pos < size:
-            got = read_chunk(fd, pos, size)
-            if got is None:
-                after = _next_chunk(directory, part.first, pos)
-                if after is None:
-                    rows.damage("torn tail", rel, pos, size - pos)
-                    break
-                rows.damage("corrupt chunk", rel, pos, after - pos)
-                pos = after
-                continue
-            info, payload = got
-            stamp = info.timestamp * 1000  # ms -> Spark's microseconds
-            for i, (a, b) in enumerate(chunk_records(payload)):
-                rows.message(info.offset + i, None, False, payload[a:b], rel, info.position,
-                             stream=(info.offset + i, stamp))
-                if rows.full():
-                    yield from rows.flush()
-            pos = info.end
-    finally:
-        os.close(fd)
+    for got in walk_segment(directory, part.first):
+        if isinstance(got, SegmentDamage):
+            rows.damage(got.what, rel, got.position, got.length)
+            continue
+        info, payload = got
+        stamp = info.timestamp * 1000  # ms -> Spark's microseconds
+        for i, (a, b) in enumerate(chunk_records(payload)):
+            rows.message(info.offset + i, None, False, payload[a:b], rel, info.position,
+                         stream=(info.offset + i, stamp))
+            if rows.full():
+                yield from rows.flush()
     yield from rows.flush()
-
-
-def _next_chunk(directory: Path, first: int, pos: int) -> int | None:
-    """The position of the first chunk the segment's index names after `pos`."""
-    try:
-        fd = os.open(index_path(directory, first), os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        n = index_entries(fd)
-        lo, hi = 0, n
-        while lo < hi:  # the entries' positions ascend
-            mid = (lo + hi) // 2
-            e = index_entry(fd, mid)
-            assert e is not None
-            if e.position <= pos:
-                lo = mid + 1
-            else:
-                hi = mid
-        e = index_entry(fd, lo) if lo < n else None
-        return e.position if e is not None else None
-    finally:
-        os.close(fd)
 
 
 def _pread(files: dict[str, int], data_dir: Path, name: str, size: int, offset: int) -> bytes:

@@ -50,6 +50,7 @@ __all__ = [
     "SEGMENT_SUFFIX",
     "BadHeader",
     "ChunkInfo",
+    "SegmentDamage",
     "SegmentScan",
     "chunk_bytes",
     "chunk_messages",
@@ -66,6 +67,7 @@ __all__ = [
     "scan_segment",
     "segment_header",
     "segment_path",
+    "walk_segment",
 ]
 
 SEGMENT_SUFFIX = ".hstr"
@@ -218,6 +220,62 @@ def find_entry(fd: int, entries: int, key: int, by_time: bool = False) -> int:
 
 
 # -- a whole segment, for recovery and offline readers ------------------------------------
+class SegmentDamage(NamedTuple):
+    """Bytes of a segment that are not a chunk that checks out."""
+
+    what: str  # "corrupt chunk" (good chunks follow) or "torn tail"
+    position: int
+    length: int
+
+
+def walk_segment(directory: Path, first: int) -> Iterator[tuple[ChunkInfo, bytes] | SegmentDamage]:
+    """Every chunk of a segment that checks out, in order, and the damage between them: at a
+    chunk that fails, the walk goes on at the next chunk the segment's index names (a corrupt
+    chunk), or stops (a torn tail). The offline readers' walk (hare-store, hare-ctl verify);
+    readers in the broker skip damage the same way (stream_reader.py)."""
+    fd = os.open(segment_path(directory, first), os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        pos = FILE_HEADER_SIZE
+        while pos < size:
+            got = read_chunk(fd, pos, size)
+            if got is not None:
+                yield got
+                pos = got[0].end
+                continue
+            after = _next_indexed(directory, first, pos)
+            if after is None:
+                yield SegmentDamage("torn tail", pos, size - pos)
+                return
+            yield SegmentDamage("corrupt chunk", pos, after - pos)
+            pos = after
+    finally:
+        os.close(fd)
+
+
+def _next_indexed(directory: Path, first: int, pos: int) -> int | None:
+    """The position of the first chunk the segment's index names after `pos`."""
+    try:
+        fd = os.open(index_path(directory, first), os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        n = index_entries(fd)
+        lo, hi = 0, n
+        while lo < hi:  # the entries' positions ascend
+            mid = (lo + hi) // 2
+            e = index_entry(fd, mid)
+            assert e is not None
+            if e.position <= pos:
+                lo = mid + 1
+            else:
+                hi = mid
+        e = index_entry(fd, lo) if lo < n else None
+        return e.position if e is not None else None
+    finally:
+        os.close(fd)
+
+
 @dataclass(slots=True)
 class SegmentScan:
     """What a segment holds, as recovery and `hare-store` establish it."""
