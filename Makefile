@@ -36,7 +36,7 @@ bench: $(STAMP)
 	    rabbit=$$(pgrep -x beam.smp | head -1); \
 	    urls="--url amqp://guest:guest@127.0.0.1:5672/ $${rabbit:+--pid $$rabbit} $$urls"; \
 	fi; \
-	$(BIN)/python -m broker.perf.suite $$urls $(BENCH_ARGS); status=$$?; \
+	$(BIN)/python -m hare_perf.suite $$urls $(BENCH_ARGS); status=$$?; \
 	kill $$hare; wait $$hare; exit $$status
 
 # The Spark connector beside plain pika clients, on a Hare of its own (free port, fresh data).
@@ -46,7 +46,7 @@ bench-spark: $(STAMP)
 	    --log-level warning > $(BENCH_DIR)-spark/hare.out 2> $(BENCH_DIR)-spark/hare.log & hare=$$!; \
 	for i in $$(seq 100); do grep -q listening $(BENCH_DIR)-spark/hare.out && break; sleep 0.1; done; \
 	port=$$(sed -n 's/.*listening on port //p' $(BENCH_DIR)-spark/hare.out | head -1); \
-	$(BIN)/python -m broker.perf.bench_spark --url amqp://guest:guest@127.0.0.1:$$port/ \
+	$(BIN)/python -m hare_bench.bench_spark --url amqp://guest:guest@127.0.0.1:$$port/ \
 	    $(BENCH_ARGS); status=$$?; kill $$hare; wait $$hare; exit $$status
 
 # The example pipeline: Hare -> Spark Structured Streaming -> Parquet and Hare -> hare-store.
@@ -60,7 +60,7 @@ pipeline: $(STAMP)
 NODES ?= 3
 PORT ?= 5672
 cluster: $(STAMP)
-	$(BIN)/python -m broker.perf.local_cluster --nodes $(NODES) --port $(PORT)
+	$(BIN)/python -m hare_bench.local_cluster --nodes $(NODES) --port $(PORT)
 
 # Quorum queues under a nemesis (docs/CLUSTER.md): three nodes and a private etcd, clients on
 # each, nodes killed, restarted and paused at random for NEMESIS_S seconds; prints the actions

@@ -1,4 +1,4 @@
-"""broker/perf/bench_cluster.py end to end on a private etcd and two nodes, with tiny loads:
+"""hare_bench/bench_cluster.py end to end on a private etcd and two nodes, with tiny loads:
 every figure docs/BENCHMARKS.md quotes comes out, and the publish-only rate counts messages
 that landed in the queues, whichever node they live on."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.perf import bench_cluster
+from hare_bench import bench_cluster
 
 from .helpers import ETCD, free_base
 
@@ -43,10 +43,10 @@ def test_bench_cluster_reports_both_set_ups_and_the_link_cost(
 def test_bench_quorum_reports_every_set_up_and_the_replication_cost(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """broker/perf/bench_quorum.py with a tiny load and without RabbitMQ (which tests never
+    """hare_bench/bench_quorum.py with a tiny load and without RabbitMQ (which tests never
     need): both Hare set-ups measured, the replication bytes counted (two followers each get
     every message: more than twice the body a message)."""
-    from broker.perf import bench_quorum
+    from hare_bench import bench_quorum
 
     if not Path(ETCD).exists():
         pytest.skip("etcd is not installed (Debian's etcd-server)")

@@ -6,7 +6,7 @@ import json
 import urllib.request
 from pathlib import Path
 
-from broker.perf.local_cluster import DevCluster
+from hare_bench.local_cluster import DevCluster
 
 from .helpers import ETCD, free_base, wait_for
 

@@ -59,12 +59,16 @@ def test_image_holds_no_sources_or_build_tools(image: str) -> None:
         "  'paths': [p for p in ('/src', '/opt/hare/tests', '/opt/hare/docs')"
         " if os.path.exists(p)],\n"
         "  'broker': importlib.util.find_spec('broker').origin,\n"
+        "  'packages': [m for m in ('hare_perf', 'hare_bench') if importlib.util.find_spec(m)],\n"
+        "  'scripts': sorted(s for s in os.listdir('/opt/hare/bin') if s.startswith('hare')),\n"
         "}))\n"
     )
     done = podman("run", "--rm", "--entrypoint", "python", image, "-c", probe)
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["modules"] == [] and found["tools"] == [] and found["paths"] == [], found
     assert found["broker"].startswith("/opt/hare/lib/"), found
+    # the broker's commands only: no load generator, and no entry point left without its module
+    assert found["packages"] == [] and found["scripts"] == ["hare-ctl", "hare-server"], found
 
 
 def test_broker_runs_as_hare(container: Broker) -> None:

@@ -10,10 +10,10 @@ import time
 from pamqp import commands
 from pamqp import frame as pamqp_frame
 
-from broker.perf.client import AmqpClient, connect
-from broker.perf.scanner import FrameScanner
-from broker.perf.wire import PROTOCOL_HEADER, PublishBatch, decode_method, parse_url
-from broker.perf.workers import PublisherSpec, _publish
+from hare_perf.client import AmqpClient, connect
+from hare_perf.scanner import FrameScanner
+from hare_perf.wire import PROTOCOL_HEADER, PublishBatch, decode_method, parse_url
+from hare_perf.workers import PublisherSpec, _publish
 
 _PUBLISH = (60 << 16) | 40
 

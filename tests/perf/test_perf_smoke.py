@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from broker.perf.report import format_report, format_table, gate_failures
-from broker.perf.scenarios import SCENARIOS
-from broker.perf.suite import run_suite
+from hare_perf.report import format_report, format_table, gate_failures
+from hare_perf.scenarios import SCENARIOS
+from hare_perf.suite import run_suite
 
 pytestmark = pytest.mark.slow
 

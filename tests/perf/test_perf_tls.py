@@ -9,8 +9,8 @@ from urllib.parse import quote
 
 import pytest
 
-from broker.perf.scenarios import run_scenario
-from broker.perf.wire import parse_url
+from hare_perf.scenarios import run_scenario
+from hare_perf.wire import parse_url
 from tests.tls_helpers import CertFiles, TestCA, TlsBroker
 
 pytestmark = pytest.mark.slow

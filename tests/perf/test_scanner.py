@@ -10,7 +10,7 @@ import pytest
 from pamqp import commands
 from pamqp import frame as pamqp_frame
 
-from broker.perf.scanner import ConfirmTracker, FrameError, FrameScanner
+from hare_perf.scanner import ConfirmTracker, FrameError, FrameScanner
 
 CHUNKS = [1, 2, 3, 5, 7, 11, 13, 64, 333, 4096, 1 << 20]
 

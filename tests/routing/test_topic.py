@@ -194,7 +194,7 @@ def test_unbinding_everything_leaves_only_the_root(bindings: list[tuple[str, int
 
 
 def test_bench_setup_routes_the_expected_queues() -> None:
-    from broker.perf.bench_routing import topic_exchange
+    from hare_bench.bench_routing import topic_exchange
 
     x = topic_exchange(100)
     assert x.route("stock.S1.nyse", msg()) == {"q5", "q6", "q7", "hash-all"}

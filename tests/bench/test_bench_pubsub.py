@@ -1,4 +1,4 @@
-"""The concurrent path on a loop with no I/O (broker/perf/bench_pubsub.py): a publisher and a
+"""The concurrent path on a loop with no I/O (hare_bench/bench_pubsub.py): a publisher and a
 consumer at full speed together, each loop iteration one socket read of publishes and the
 consumer's acks. How the loop shares itself between ingress and egress is deterministic here,
 so the queue's depth is an exact figure, not a timing."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker.perf.bench_pubsub import run
 from broker.queue.amqqueue import BUSY_BACKLOG
+from hare_bench.bench_pubsub import run
 
 PER_READ = 850  # 256 B publishes in one 256 KiB socket read
 

@@ -1,6 +1,6 @@
 """Quorum queue figures for docs/CLUSTER.md and docs/BENCHMARKS.md (issue 21):
 
-    python -m broker.perf.bench_quorum --rounds 5
+    python -m hare_bench.bench_quorum --rounds 5
 
 Three set-ups, alternating in one run (each round rotates their order, so a busy machine hurts
 them alike):
@@ -34,12 +34,12 @@ from typing import Any
 
 from pamqp import commands
 
-from broker.perf.bench_cluster import _cpu, _loadavg, _machine_busy
-from broker.perf.client import connect
-from broker.perf.local_cluster import DevCluster
-from broker.perf.scenarios import _Crew
-from broker.perf.wire import parse_url
-from broker.perf.workers import ConsumerSpec, PublisherSpec, consumer_main, publisher_main
+from hare_bench.bench_cluster import _cpu, _loadavg, _machine_busy
+from hare_bench.local_cluster import DevCluster
+from hare_perf.client import connect
+from hare_perf.scenarios import _Crew
+from hare_perf.wire import parse_url
+from hare_perf.workers import ConsumerSpec, PublisherSpec, consumer_main, publisher_main
 
 __all__ = ["main"]
 
@@ -182,7 +182,7 @@ def summary(results: dict[str, list[float]], labels: list[str]) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m broker.perf.bench_quorum")
+    parser = argparse.ArgumentParser(prog="python -m hare_bench.bench_quorum")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--count", type=int, default=20_000)
     parser.add_argument("--size", type=int, default=1024)

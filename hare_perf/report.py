@@ -6,7 +6,7 @@ import dataclasses
 import json
 from typing import Any
 
-from broker.perf.scenarios import SCENARIOS, Report
+from hare_perf.scenarios import SCENARIOS, Report
 
 __all__ = ["format_report", "format_table", "gate_failures", "to_json"]
 

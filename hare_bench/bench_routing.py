@@ -1,6 +1,6 @@
 """Micro-benchmark: topic routing cost with 10 vs 10,000 bindings (and direct for scale).
 
-Run: .venv/bin/python -m broker.perf.bench_routing
+Run: .venv/bin/python -m hare_bench.bench_routing
 
 Bindings are a realistic mix of literal, `*` and `#` keys over many symbols; the routing key
 matches a handful of them. A trie's cost depends on the key and the trie's shape, so the ratio

@@ -1,6 +1,6 @@
 """Micro-benchmark: the publish path from bytes to queue, without a socket.
 
-Run: .venv/bin/python -m broker.perf.bench_reader [--messages N] [--per-chunk K] [--size B]
+Run: .venv/bin/python -m hare_bench.bench_reader [--messages N] [--per-chunk K] [--size B]
                                                    [--write-pattern REGEX]
 
 A Node runs in this process (its listener is on a free port and unused); one Reader gets a
@@ -10,7 +10,7 @@ take them. What is measured is Reader.data_received + the channel task + the que
 the hot path. With no I/O the run is deterministic, so instruction counts compare cleanly:
 
     valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
-        .venv/bin/python -m broker.perf.bench_reader --messages 20000
+        .venv/bin/python -m hare_bench.bench_reader --messages 20000
     (the "Collected" line; subtract a --messages 0 run for the start-up)
 
 `--write-pattern` gives the publishing user (guest) that write permission instead of `.*`

@@ -2,13 +2,13 @@
 consumers, ack it -- for a plain queue and for each delivery feature (consumer priorities,
 single active consumer, a priority queue), in one process with no sockets.
 
-Run: .venv/bin/python -m broker.perf.bench_queue [--variant plain] [--rounds N]
+Run: .venv/bin/python -m hare_bench.bench_queue [--variant plain] [--rounds N]
 
 Prints ns per message. Timings on a shared machine are noisy; for a before/after comparison
 count instructions instead, which batching cannot blur here (no event loop, no I/O):
 
     valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.out \\
-        .venv/bin/python -m broker.perf.bench_queue --variant plain --rounds 200
+        .venv/bin/python -m hare_bench.bench_queue --variant plain --rounds 200
 
 and subtract a `--rounds 0` run (start-up) before dividing by rounds x batch."""
 

@@ -12,7 +12,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from pamqp import base, commands
 from pamqp import frame as pamqp_frame
 
-from broker.perf.scanner import TIMESTAMP
+from hare_perf.scanner import TIMESTAMP
 
 __all__ = [
     "PROTOCOL_HEADER",

@@ -1,6 +1,6 @@
 """Cluster figures for docs/BENCHMARKS.md, on a private etcd and two local nodes.
 
-    python -m broker.perf.bench_cluster --rounds 5
+    python -m hare_bench.bench_cluster --rounds 5
 
 1. Aggregate throughput of `--pairs` load generators (hare-perf's raw-socket workers, each
    publisher and each consumer a process of its own, all released together by one "go"),
@@ -34,11 +34,11 @@ from typing import Any
 
 from pamqp import commands
 
-from broker.perf.client import connect
-from broker.perf.local_cluster import DevCluster
-from broker.perf.scenarios import _Crew, wait_quiet
-from broker.perf.wire import parse_url
-from broker.perf.workers import ConsumerSpec, PublisherSpec, consumer_main, publisher_main
+from hare_bench.local_cluster import DevCluster
+from hare_perf.client import connect
+from hare_perf.scenarios import _Crew, wait_quiet
+from hare_perf.wire import parse_url
+from hare_perf.workers import ConsumerSpec, PublisherSpec, consumer_main, publisher_main
 
 __all__ = ["main"]
 
@@ -250,7 +250,7 @@ def summary(results: dict[str, list[float]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m broker.perf.bench_cluster")
+    parser = argparse.ArgumentParser(prog="python -m hare_bench.bench_cluster")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--pairs", type=int, default=2,
                         help="load generators (a publisher, and for steady a consumer, each "

@@ -21,9 +21,9 @@ from typing import Any
 
 from pamqp import commands
 
-from broker.perf.client import AmqpClient, BrokerClosed, connect
-from broker.perf.wire import parse_url
-from broker.perf.workers import (
+from hare_perf.client import AmqpClient, BrokerClosed, connect
+from hare_perf.wire import parse_url
+from hare_perf.workers import (
     ConsumerSpec,
     IdleSpec,
     PublisherSpec,

@@ -3,7 +3,7 @@ broker (SIGTERM, or kill -9 with --kill), then read the data directory with
 spark.read.format("hare-store") on local[2] into Spark's no-op sink (every column of every row
 materialised). Needs the spark extra; pyspark is imported only here, inside main().
 
-    python -m broker.perf.bench_store_reader [--count 200000] [--size 100] [--queues 4]
+    python -m hare_bench.bench_store_reader [--count 200000] [--size 100] [--queues 4]
 
 Bodies below 4096 bytes (encoded) are embedded in the queue index; above, in the msg_store."""
 
@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from broker.perf.bench_recovery import fill_queue, start_broker
+from hare_bench.bench_recovery import fill_queue, start_broker
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 broker, start it again and time it until it accepts connections; report seconds and the peak
 RSS (VmHWM) of the recovering process.
 
-    python -m broker.perf.bench_recovery [--count 1000000] [--size 100]
+    python -m hare_bench.bench_recovery [--count 1000000] [--size 100]
 
 Small bodies are embedded in the queue index; with --size above 4096 they go to the
 msg_store instead."""
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from pamqp import commands
 
-from broker.perf.client import connect
-from broker.perf.wire import PublishBatch, parse_url
+from hare_perf.client import connect
+from hare_perf.wire import PublishBatch, parse_url
 
 __all__ = ["fill_queue", "start_broker"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.perf.bench_queue import BATCH, build, run
+from hare_bench.bench_queue import BATCH, build, run
 
 
 @pytest.mark.parametrize("variant", ["plain", "consumer-priorities", "sac", "priority-queue"])

@@ -1,4 +1,4 @@
-"""The Spark connector beside plain pika: `python -m broker.perf.bench_spark --url URL`.
+"""The Spark connector beside plain pika: `python -m hare_bench.bench_spark --url URL`.
 
 source: N messages are put on a queue, then drained once by a plain pika consumer (same
 prefetch, one multiple-ack per batch) and once by a Structured Streaming query on the "amqp"
@@ -14,7 +14,7 @@ pika consumer (x-stream-offset first, same prefetch, one multiple-ack per batch)
 on the "amqp-stream" source (startingOffsets earliest, Trigger.AvailableNow, noop sink),
 alternating; a stream keeps its messages, so every round reads the same ones.
 
-pyspark is imported inside the functions: the rest of broker.perf runs without it.
+pyspark is imported inside the functions: the rest of hare_bench runs without it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 import pika
 
-from broker.perf.cli import DEFAULT_URL
+from hare_perf.cli import DEFAULT_URL
 
 __all__ = ["main"]
 
@@ -166,7 +166,7 @@ def spark_publish(spark: Any, url: str, count: int, size: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m broker.perf.bench_spark",
+    parser = argparse.ArgumentParser(prog="python -m hare_bench.bench_spark",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default=DEFAULT_URL)

@@ -1,6 +1,6 @@
 """Micro-benchmark: one publisher and one consumer at full speed together, without sockets.
 
-Run: .venv/bin/python -m broker.perf.bench_pubsub [--messages N] [--per-read K] [--size B]
+Run: .venv/bin/python -m hare_bench.bench_pubsub [--messages N] [--per-read K] [--size B]
 
 A Node runs in this process; two Readers get stand-in transports. Every loop iteration the
 driver plays both clients the way the socket layer would: it hands the publishing Reader the
@@ -14,7 +14,7 @@ With no I/O the run is repeatable, so instruction counts compare changes to the 
 concurrent path (publish, route, enqueue, deliver, ack):
 
     PYTHONHASHSEED=0 valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
-        .venv/bin/python -m broker.perf.bench_pubsub --messages 50000
+        .venv/bin/python -m hare_bench.bench_pubsub --messages 50000
     (the "Collected" line; subtract a --messages 0 run for the start-up)"""
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from pamqp import commands
 from broker.config import Settings
 from broker.logs import configure_logging
 from broker.node import Node
-from broker.perf.bench_reader import _Transport, handshake_frames
-from broker.perf.scanner import FrameScanner
-from broker.perf.wire import encode_ack
 from broker.protocol import frames
 from broker.server.reader import Reader
+from hare_bench.bench_reader import _Transport, handshake_frames
+from hare_perf.scanner import FrameScanner
+from hare_perf.wire import encode_ack
 
 __all__ = ["main", "run"]
 

@@ -1,4 +1,4 @@
-"""Micro-benchmark of the message store: `python -m broker.perf.bench_store`.
+"""Micro-benchmark of the message store: `python -m hare_bench.bench_store`.
 
 Writes N bodies (yielding to the loop every `--burst` writes, as queues do), waits until every
 one is confirmed durable, then reads them all back and removes them: three in four first, which

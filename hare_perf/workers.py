@@ -18,8 +18,8 @@ from typing import Any
 import uvloop
 from pamqp import commands
 
-from broker.perf.client import AmqpClient, BrokerClosed, connect
-from broker.perf.wire import PublishBatch, encode_ack, parse_url
+from hare_perf.client import AmqpClient, BrokerClosed, connect
+from hare_perf.wire import PublishBatch, encode_ack, parse_url
 
 __all__ = [
     "ConsumerSpec",

@@ -1,4 +1,4 @@
-"""python -m broker.perf.suite --url URL [--url URL2 ...] [--pid PID ...] [--quick] [--out FILE]
+"""python -m hare_perf.suite --url URL [--url URL2 ...] [--pid PID ...] [--quick] [--out FILE]
 
 Runs every scenario against each URL in turn (never two brokers at once: they share the
 machine's cores) and prints one table with the ratios of each URL to the first."""
@@ -12,9 +12,9 @@ import sys
 
 import uvloop
 
-from broker.perf.cli import DEFAULT_URL, add_duration, add_wait_quiet
-from broker.perf.report import format_report, format_table, gate_failures, to_json
-from broker.perf.scenarios import SCENARIOS, Report, run_scenario
+from hare_perf.cli import DEFAULT_URL, add_duration, add_wait_quiet
+from hare_perf.report import format_report, format_table, gate_failures, to_json
+from hare_perf.scenarios import SCENARIOS, Report, run_scenario
 
 __all__ = ["main", "run_suite"]
 
@@ -75,7 +75,7 @@ def _merge(into: Report, more: Report) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m broker.perf.suite", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m hare_perf.suite", description=__doc__)
     parser.add_argument("--url", action="append", help=f"repeatable (default {DEFAULT_URL})")
     parser.add_argument("--pid", action="append", type=int, help="broker PID per --url")
     parser.add_argument("--quick", action="store_true", help="small counts (smoke test)")

@@ -1,7 +1,7 @@
 """A Hare cluster on this machine: a private etcd and N nodes on consecutive ports, for
 `make cluster` and the cluster benchmarks (bench_cluster.py).
 
-    python -m broker.perf.local_cluster --nodes 3 --port 5700
+    python -m hare_bench.local_cluster --nodes 3 --port 5700
 
 Node i (1..N) is hare-i: AMQP on port+i-1, management on 10000+port+i-1, the link on
 20000+port+i-1; etcd's client port is port-1 (peer port-2). Data lives in --dir (a temp dir
@@ -101,7 +101,7 @@ class DevCluster:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m broker.perf.local_cluster",
+    parser = argparse.ArgumentParser(prog="python -m hare_bench.local_cluster",
                                      description="etcd and N Hare nodes on this machine")
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--port", type=int, default=5672, help="AMQP port of hare-1")

@@ -7,8 +7,8 @@ import sys
 
 import uvloop
 
-from broker.perf.report import dumps, format_report, gate_failures
-from broker.perf.scenarios import SCENARIOS, run_scenario
+from hare_perf.report import dumps, format_report, gate_failures
+from hare_perf.scenarios import SCENARIOS, run_scenario
 
 __all__ = ["DEFAULT_URL", "add_duration", "add_wait_quiet", "main"]
 

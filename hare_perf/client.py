@@ -13,8 +13,8 @@ from typing import cast
 
 from pamqp import base, commands
 
-from broker.perf.scanner import FrameScanner
-from broker.perf.wire import (
+from hare_perf.scanner import FrameScanner
+from hare_perf.wire import (
     PROTOCOL_HEADER,
     BrokerUrl,
     decode_method,
