@@ -63,7 +63,7 @@ class AmqpStreamSourceReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
         self.options = options
         self._consumer: QueueConsumer | None = None
         self._position: int | None = None  # the offset the consumer delivers next
-        self._available_now: int | None = None  # messages left under Trigger.AvailableNow
+        self._available_until: int | None = None  # Trigger.AvailableNow: the end to read to
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options}  # a copy for readBetweenOffsets needs no more
@@ -81,11 +81,24 @@ class AmqpStreamSourceReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
         return {"start": start}
 
     def prepareForTriggerAvailableNow(self) -> None:
-        # at most what the stream holds now: a busy stream cannot keep the query going
+        """The stream's end now (its first offset plus what it holds): the query reads up to
+        it, waiting for what is known to be there, and stops; what arrives later is for the
+        next run. A busy stream cannot keep it going."""
         connection = pika.BlockingConnection(pika.URLParameters(self.options.url))
         try:
-            ok = connection.channel().queue_declare(self.options.stream, passive=True)
-            self._available_now = int(ok.method.message_count)
+            channel = connection.channel()
+            held = int(channel.queue_declare(self.options.stream, passive=True)
+                       .method.message_count)
+            self._available_until = 0
+            if held:
+                channel.basic_qos(prefetch_count=1)
+                for method, props, _ in channel.consume(
+                        self.options.stream, arguments={"x-stream-offset": "first"},
+                        inactivity_timeout=REPLAY_WAIT_S):
+                    if method is not None:
+                        first = int((props.headers or {}).get("x-stream-offset", 0))
+                        self._available_until = first + held
+                    break
         finally:
             connection.close()
 
@@ -93,19 +106,26 @@ class AmqpStreamSourceReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
         """The batch from `start` on: at most maxOffsetsPerTrigger messages, waiting up to
         pollTimeoutMs for the first; `start` back and no rows when none came."""
         wanted = self.options.max_offsets_per_trigger
-        if self._available_now is not None:
-            wanted = min(wanted, self._available_now)
-            if wanted == 0:
-                return iter(()), start
-        deliveries = self._take(start, wanted)
+        poll = self.options.poll_timeout_ms / 1000
+        until = self._available_until
+        if until is not None:  # Trigger.AvailableNow: up to the end it found
+            at = start.get("offset", self._position)
+            if start.get("start") == "latest" and at is None:
+                return iter(()), start  # nothing was there for it
+            if at is not None:
+                if at >= until:
+                    return iter(()), start
+                wanted = min(wanted, until - at)
+                poll = max(poll, REPLAY_WAIT_S)  # these offsets exist: wait for them
+            elif start.get("start") == "earliest" and until:
+                poll = max(poll, REPLAY_WAIT_S)
+        deliveries = self._take(start, wanted, poll)
         if not deliveries:
             return iter(()), start
         offsets = [_offset(d) for d in deliveries]
         want = start.get("offset")
         if want is not None and offsets[0] > want:
             self._lost(want, offsets[0])
-        if self._available_now is not None:
-            self._available_now -= len(deliveries)
         self._position = offsets[-1] + 1
         end: Offset = {"offset": self._position}
         if want is None:
@@ -116,7 +136,7 @@ class AmqpStreamSourceReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
     def commit(self, end: Offset) -> None:
         """Nothing to do: the stream keeps every message, and Spark keeps the offset."""
 
-    def _take(self, start: Offset, wanted: int) -> list[Delivery]:
+    def _take(self, start: Offset, wanted: int, poll: float) -> list[Delivery]:
         """The next deliveries at the consumer's position (opened, or re-opened after the
         broker went away, at `start`'s offset)."""
         deadline = time.monotonic() + RECONNECT_S
@@ -126,7 +146,7 @@ class AmqpStreamSourceReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
                 if self._consumer is None or (want is not None and want != self._position):
                     self._open(want if want is not None else self._spec(start))
                 assert self._consumer is not None
-                deliveries = self._consumer.take(wanted, self.options.poll_timeout_ms / 1000)
+                deliveries = self._consumer.take(wanted, poll)
                 if deliveries:  # credit back: the broker sends on while Spark works
                     self._consumer.ack_through(deliveries[-1].delivery_tag)
                 return deliveries

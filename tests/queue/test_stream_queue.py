@@ -60,9 +60,10 @@ def publish_batch(url: str, queue: str, bodies: list[bytes], wait: bool = True) 
 
 
 def consume(url: str, queue: str, offset: object = None, n: int = 1000, prefetch: int = 100,
-            wait: float = 0.5, ack: bool = True) -> list[tuple[int, bytes, dict]]:
-    """(offset header, body, headers) of what a consumer from `offset` gets: until `n`
-    came, or nothing came for `wait` seconds."""
+            wait: float = 1.0, first: float = 15.0) -> list[tuple[int, bytes, dict]]:
+    """(offset header, body, headers) of what a consumer from `offset` gets: until `n` came,
+    or nothing came for `wait` seconds once the first did (which may take `first`: give a
+    short one where nothing is expected)."""
     conn = connect(url)
     ch = conn.channel()
     ch.basic_qos(prefetch_count=min(prefetch, n))  # none left unseen: pika rejects those
@@ -75,13 +76,16 @@ def consume(url: str, queue: str, offset: object = None, n: int = 1000, prefetch
 
     args = {} if offset is None else {"x-stream-offset": offset}
     ch.basic_consume(queue, on, arguments=args)
+    deadline = time.monotonic() + first
+    while not got and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.05)
     seen = -1
-    while len(got) < n and len(got) != seen:
+    while got and len(got) < n and len(got) != seen:
         seen = len(got)
+        if tags:  # outside the callback: pika's blocking client can stall when a callback
+            ch.basic_ack(tags[-1], multiple=True)  # acks (with RabbitMQ's streams too)
+            tags.clear()
         conn.process_data_events(time_limit=wait)
-        if ack and tags and len(got) < n:  # outside the callback: pika's blocking client
-            ch.basic_ack(tags[-1], multiple=True)  # can stall when a callback acks (with
-            tags.clear()  # RabbitMQ's streams too); none once done: pika would reject more
     conn.close()
     return got
 
@@ -92,7 +96,11 @@ def refused(url: str, action) -> tuple[int, str, bool]:
     ch = conn.channel()
     try:
         action(ch)
-        conn.process_data_events(time_limit=0.5)
+        deadline = time.monotonic() + 10  # an asynchronous refusal (a nack's) comes later
+        while ch.is_open and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.05)
+        if ch.is_closed:
+            ch.basic_qos(prefetch_count=1)  # raises the reason the broker gave
     except pika.exceptions.ChannelClosedByBroker as e:
         conn.close()
         return e.reply_code, e.reply_text, False
@@ -122,11 +130,11 @@ def test_consumers_read_from_their_own_offset(broker: BrokerProc) -> None:
     assert [o for o, _, _ in consume(url, "st.offsets", -3)] == list(range(15))
     # last: the last chunk, what one turn of the queue appended (here one transaction)
     assert [o for o, _, _ in consume(url, "st.offsets", "last")] == list(range(10, 15))
-    assert consume(url, "st.offsets", "next", wait=0.3) == []
-    assert consume(url, "st.offsets", wait=0.3) == []  # next is the default
+    assert consume(url, "st.offsets", "next", first=0.5) == []
+    assert consume(url, "st.offsets", first=0.5) == []  # next is the default
     assert [o for o, _, _ in consume(url, "st.offsets", before)] == list(range(10, 15))
     assert [o for o, _, _ in consume(url, "st.offsets", "1h")] == list(range(15))
-    assert consume(url, "st.offsets", datetime.datetime(2100, 1, 1), wait=0.3) == []
+    assert consume(url, "st.offsets", datetime.datetime(2100, 1, 1), first=0.5) == []
     conn = connect(url)
     ok = conn.channel().queue_declare("st.offsets", passive=True).method
     assert ok.message_count == 15
@@ -147,7 +155,7 @@ def test_next_gets_what_arrives_after_the_consume_with_its_offset_header(
     conn.process_data_events(time_limit=0.2)
     ch.basic_publish("", "st.next", b"new", pika.BasicProperties(headers={"h": 1},
                                                                   content_type="text/plain"))
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while not got and time.monotonic() < deadline:
         conn.process_data_events(time_limit=0.05)
     assert got == [(b"new", {"h": 1, "x-stream-offset": 1}, False)]
@@ -166,14 +174,21 @@ def test_prefetch_is_credit_and_acks_give_it_back(broker: BrokerProc) -> None:
     tags: list[int] = []
     ch.basic_consume("st.credit", lambda c, m, p, b: tags.append(m.delivery_tag),
                      arguments={"x-stream-offset": "first"})
-    conn.process_data_events(time_limit=0.3)
-    assert len(tags) == 3  # its prefetch
+
+    def settle_at(n: int) -> None:
+        """Wait for the n-th delivery, then make sure no more come: the credit is spent."""
+        deadline = time.monotonic() + 30
+        while len(tags) < n:
+            assert time.monotonic() < deadline, f"{len(tags)} of {n} deliveries"
+            conn.process_data_events(time_limit=0.05)
+        conn.process_data_events(time_limit=0.3)
+        assert len(tags) == n
+
+    settle_at(3)  # its prefetch
     ch.basic_ack(tags[-1], multiple=True)
-    conn.process_data_events(time_limit=0.3)
-    assert len(tags) == 6
+    settle_at(6)
     ch.basic_ack(tags[3])
-    conn.process_data_events(time_limit=0.3)
-    assert len(tags) == 7
+    settle_at(7)
     conn.close()
     conn = connect(url)
     assert conn.channel().queue_declare("st.credit", passive=True).method.message_count == 20

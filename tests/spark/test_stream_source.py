@@ -74,26 +74,32 @@ def test_batches_are_offset_ranges_and_a_replay_reads_the_same(hare) -> None:
     name = "ss-reader"
     fill(hare.url, name, [b"m%d" % i for i in range(25)])
     r = reader(hare.url, name, startingOffsets="earliest", maxOffsetsPerTrigger=10,
-               pollTimeoutMs=200)
+               pollTimeoutMs=10_000)
     start = r.initialOffset()
     assert start == {"start": "earliest"}
     ends = []
-    seen = []
-    for _ in range(4):
+    seen: list[int] = []
+    while len(seen) < 25:  # a batch is what has arrived, at most 10
         rows, end = r.read(start)
         batch = list(rows)
         assert all(b.schema == STREAM_ARROW_SCHEMA for b in batch)
-        seen.append(offsets(batch))
+        got = offsets(batch)
+        assert 0 < len(got) <= 10 and got == list(range(len(seen), len(seen) + len(got)))
+        seen += got
+        assert end["offset"] == len(seen)  # offset ranges, back to back
         ends.append(end)
         start = end
-    assert seen == [list(range(10)), list(range(10, 20)), list(range(20, 25)), []]
     # the first batch's end says where it began: its start was symbolic
-    assert ends == [{"offset": 10, "from": 0}, {"offset": 20}, {"offset": 25}, {"offset": 25}]
+    assert ends[0]["from"] == 0 and all("from" not in e for e in ends[1:])
+    r2 = reader(hare.url, name, pollTimeoutMs=200)
+    rows, end = r2.read({"offset": 25})
+    assert list(rows) == [] and end == {"offset": 25}  # nothing after the last: start back
     # a batch planned before a restart is read again by offset: the same messages
     again = list(r.readBetweenOffsets({"offset": 10}, {"offset": 20}))
     assert offsets(again) == list(range(10, 20))
     assert again[0].column("body").to_pylist() == [b"m%d" % i for i in range(10, 20)]
-    assert offsets(r.readBetweenOffsets({"start": "earliest"}, ends[0])) == list(range(10))
+    assert offsets(r.readBetweenOffsets({"start": "earliest"}, ends[0])) == list(
+        range(ends[0]["offset"]))
     # commit acks nothing: the stream still holds everything
     r.commit({"offset": 25})
     fill(hare.url, name, [b"late"], declare=False,
@@ -116,9 +122,16 @@ def test_starting_offsets(hare) -> None:
     fill(hare.url, name, [b"b%d" % i for i in range(5)], declare=False)
 
     def first_batch(**options: object) -> list[int]:
-        r = reader(hare.url, name, pollTimeoutMs=300, **options)
-        rows, _ = r.read(r.initialOffset())
-        return offsets(rows)
+        """What a new query reads from its start, until a poll finds nothing."""
+        r = reader(hare.url, name, pollTimeoutMs=1000, **options)
+        start, got = r.initialOffset(), []
+        while True:
+            rows, end = r.read(start)
+            batch = offsets(rows)
+            if not batch:
+                return got
+            got += batch
+            start = end
 
     assert first_batch(startingOffsets="earliest") == list(range(10))
     assert first_batch(startingOffsets=7) == [7, 8, 9]
@@ -130,9 +143,30 @@ def test_starting_offsets(hare) -> None:
     rows, end = r.read(start)
     assert list(rows) == [] and end == start == {"start": "latest"}
     threading.Timer(0.3, fill, (hare.url, name, [b"new"], False)).start()
-    r = reader(hare.url, name, pollTimeoutMs=5000)
+    r = reader(hare.url, name, pollTimeoutMs=30_000)
     rows, end = r.read(r.initialOffset())
     assert offsets(rows) == [10] and end == {"offset": 11, "from": 10}
+
+
+def test_available_now_reads_to_the_end_it_found(hare) -> None:
+    """Trigger.AvailableNow: up to the stream's end when the query starts, then it stops,
+    even while more arrives (a busy stream cannot keep it going)."""
+    name = "ss-available"
+    fill(hare.url, name, [b"%d" % i for i in range(30)])
+    r = reader(hare.url, name, startingOffsets="earliest", maxOffsetsPerTrigger=8)
+    r.prepareForTriggerAvailableNow()
+    fill(hare.url, name, [b"later"] * 5, declare=False)
+    start: dict = r.initialOffset()
+    got: list[int] = []
+    while True:
+        rows, end = r.read(start)
+        batch = offsets(rows)
+        if not batch:
+            break
+        assert len(batch) <= 8
+        got += batch
+        start = end
+    assert got == list(range(30)) and start == {"offset": 30}
 
 
 def test_offsets_gone_fail_the_query_unless_told_otherwise(hare) -> None:
@@ -140,11 +174,18 @@ def test_offsets_gone_fail_the_query_unless_told_otherwise(hare) -> None:
     segment = {"x-stream-max-segment-size-bytes": 2000, "x-max-length-bytes": 4000}
     fill(hare.url, name, [b"%03d" % i + b"." * 200 for i in range(40)], **segment)
     with pytest.raises(DataLoss, match=r"offsets 0\.\.\d+ of stream 'ss-retention' are gone"):
-        reader(hare.url, name, startingOffsets=0).read({"offset": 0})
-    rows, end = reader(hare.url, name, startingOffsets=0, failOnDataLoss="false").read(
-        {"offset": 0})
-    got = offsets(rows)
-    assert got[0] > 0 and got == list(range(got[0], 40)) and end == {"offset": 40}
+        reader(hare.url, name, startingOffsets=0, pollTimeoutMs=10_000).read({"offset": 0})
+    r = reader(hare.url, name, startingOffsets=0, failOnDataLoss="false", pollTimeoutMs=1000)
+    start: dict = {"offset": 0}
+    got: list[int] = []
+    while True:
+        rows, end = r.read(start)
+        batch = offsets(rows)
+        if not batch:
+            break
+        got += batch
+        start = end
+    assert got[0] > 0 and got == list(range(got[0], 40)) and start == {"offset": 40}
 
 
 def test_a_queue_that_is_not_a_stream_is_refused(hare) -> None:
@@ -154,7 +195,8 @@ def test_a_queue_that_is_not_a_stream_is_refused(hare) -> None:
     ch.basic_publish("", "ss-classic", b"x")
     conn.close()
     with pytest.raises(RuntimeError, match="the queue is not a stream"):
-        reader(hare.url, "ss-classic", startingOffsets="earliest").read({"start": "earliest"})
+        reader(hare.url, "ss-classic", startingOffsets="earliest",
+               pollTimeoutMs=10_000).read({"start": "earliest"})
 
 
 # -- queries --------------------------------------------------------------------------------
