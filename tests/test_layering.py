@@ -23,7 +23,7 @@ RANK = {
     "routing": 2, "store": 2, "flow": 2,
     "queue": 3,
     "server": 4, "policy": 4,
-    "cluster": 5, "durable": 5, "mgmt": 5,
+    "cluster": 5, "mgmt": 5,
     "vhost_params": 6,
     "vhost": 7, "ctl_client": 7,
     # on top: the node, its entry points, tools and connectors outside the broker

@@ -1,5 +1,5 @@
 """What a node keeps where in its data directory: the names, in one place, for the broker
-(durable.py, cli.py), `hare-ctl verify` and the offline reader (broker.spark)."""
+(node/durable.py, cli.py), `hare-ctl verify` and the offline reader (broker.spark)."""
 
 from __future__ import annotations
 

@@ -12,12 +12,12 @@ import structlog
 from broker.access import AccessControl, Backend, InternalBackend, UserDB
 from broker.cluster import make_cluster
 from broker.config import Settings
-from broker.durable import Durable
 from broker.flow.alarm import Alarms
 from broker.flow.content_budget import ContentBudget
 from broker.flow.disk_monitor import DiskMonitor
 from broker.flow.memory_monitor import MemoryMonitor
 from broker.flow.memory_pressure import QueueLoad, ram_targets
+from broker.node.durable import Durable
 from broker.server.direct_reply import ReplyRegistry
 from broker.server.listener import (
     Listener,
