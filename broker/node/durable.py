@@ -190,7 +190,13 @@ class Durable:
                                           auto_delete=qd.auto_delete,
                                           arguments=dict(qd.arguments))
             self.attach(q)
-            recovered += q.recover()
+            if isinstance(q, QuorumQueue) and node.cluster.clustered:
+                # a member of a cluster's quorum queue: the cluster's record says whether it
+                # leads (broker/cluster/quorum.py); recovering here would write a batch of
+                # this node's own and claim a position no leader gave it
+                pass
+            else:
+                recovered += q.recover()
             vhost.queues[qd.name] = q
             vhost.params.apply_to_queue(q)
             q.start()

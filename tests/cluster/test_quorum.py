@@ -236,6 +236,37 @@ def test_member_disk_lost(trio: Trio) -> None:
     assert drain(c, name) == phase1 + phase2 + phase3
 
 
+def test_restarted_member_claims_only_what_it_holds(trio: Trio) -> None:
+    """A member that restarts comes back with the position it had. c led the queue once (so
+    its own disk has the queue's definition), then followed; killed while a consumer held
+    messages (their delivery state replicated), it must not count its own return of them as
+    a batch: else, with the leader killed too, c would tie the third member's position and
+    win the election by name without the message those two confirmed meanwhile."""
+    name = "q.claim"
+    a, b, c = trio["a"], trio["b"], trio["c"]
+    declare(c, name)
+    publish_confirmed(c, name, [f"m:{i}".encode() for i in range(10)])
+    caught_up(trio, name)
+    c.kill()
+    lead = leader(trio, name, among=[a, b])
+    other = b if lead is a else a
+    c.start()
+    caught_up(trio, name)
+    conn = pika.BlockingConnection(pika.URLParameters(lead.url))
+    ch = conn.channel()
+    held = [ch.basic_get(name)[0] for _ in range(3)]  # unacked: checked out on every member
+    assert all(m is not None for m in held)
+    publish_confirmed(lead, name, [b"marker"])  # after the batches that record those
+    caught_up(trio, name)
+    c.kill()
+    publish_confirmed(lead, name, [b"confirmed without c"])  # one batch c lacks
+    lead.kill()
+    c.start()
+    assert leader(trio, name, among=[other, c]) is other
+    bodies = drain(c, name)
+    assert b"confirmed without c" in bodies and len(bodies) == 12
+
+
 def test_minority_never_confirms(trio: Trio) -> None:
     """Guarantee 3: with b and c killed, a publish on the leader a waits for its confirm
     and a consumer gets nothing; with b back, the confirm comes and the message is
