@@ -101,6 +101,10 @@ class QuorumCoordinator:
         if isinstance(existing, QuorumQueue):
             self._abdicate(vhost, existing)
             existing = vhost.queues.get(record["name"])
+            if not mine:
+                # removed from the members while leading: the others elect only once they
+                # know this process stopped delivering (this mark, or its lease gone)
+                self._spawn(self._mark_stopped(key, epoch))
         if mine:
             replica = self._replica(key, new=new)
             if leader != self.me:
@@ -216,7 +220,9 @@ class QuorumCoordinator:
         record = self.records[key]
         leader = record["node"]
         if leader not in record["members"]:
-            return True
+            mark = self.votes.get(key, {}).get(leader)
+            return not self.cluster.node_running(leader) or (
+                mark is not None and int(mark.get("epoch", -1)) == int(record["epoch"]))
         if leader == self.me:
             return self.won.get(key) != int(record["epoch"])
         if not self.cluster.node_running(leader):
@@ -248,6 +254,15 @@ class QuorumCoordinator:
             return
         log.info("quorum member voted", queue=key[1], vhost=key[0], epoch=epoch,
                  last_epoch=s.last_epoch, position=s.pos)
+
+    async def _mark_stopped(self, key: Key, epoch: int) -> None:
+        mark = {"epoch": epoch, "last_epoch": 0, "pos": 0, "node": self.me, "stopped": True}
+        try:
+            await self.cluster.etcd.put(self._vote_key(key, self.me), _dumps(mark),
+                                        lease=self.cluster.membership.lease)
+        except EtcdUnavailable as exc:
+            log.warning("quorum leader's stop not written (its lease will tell)", queue=key[1],
+                        error=str(exc))
 
     def _vote_key(self, key: Key, node: str) -> str:
         return self.prefix + record_key("", (key[0], key[1], node))[1:]
