@@ -420,6 +420,7 @@ class Links:
         self._server: asyncio.AbstractServer | None = None
         self._dialling: dict[str, asyncio.Task[None]] = {}
         self._handshakes: set[asyncio.Task[None]] = set()
+        self._stopping = False
 
     async def start(self) -> None:
         s = self.cluster.node.settings
@@ -437,6 +438,7 @@ class Links:
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
+        self._stopping = True  # closing the links below must not dial them again
         for task in self._dialling.values():
             task.cancel()
         for link in list(self.links.values()):
@@ -457,7 +459,7 @@ class Links:
 
     # -- dialling (the first name of a pair dials) ------------------------------------------
     def node_up(self, peer: str) -> None:
-        if peer == self.me or self.me > peer or peer in self.links:
+        if peer == self.me or self.me > peer or peer in self.links or self._stopping:
             return
         task = self._dialling.get(peer)
         if task is None or task.done():
@@ -540,6 +542,9 @@ class Links:
 
     def _up(self, peer: str, reader: asyncio.StreamReader,
             writer: asyncio.StreamWriter) -> None:
+        if self._stopping:  # a handshake that finished as the node stops
+            writer.close()
+            return
         old = self.links.get(peer)
         if old is not None:
             old.close()
