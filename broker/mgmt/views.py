@@ -90,7 +90,7 @@ def queue_json(q: AMQQueue, stats: Stats, node_name: str) -> dict[str, Any]:
 # a quorum queue's: RabbitMQ's leader, members, online; Hare's epoch and log positions (the
 # leader's view of each member), and on a follower its own member's state
 _QUORUM_FIELDS = ("leader", "members", "online", "epoch", "commit_position", "positions",
-                  "log_bytes_shipped", "member")
+                  "log_bytes_shipped", "member", "messages_uncommitted", "messages_dlx")
 
 
 def _name(policy: Policy | None) -> str | None:

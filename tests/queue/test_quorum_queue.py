@@ -212,6 +212,7 @@ def test_management_and_policies(tmp_path):
         assert q["type"] == "quorum"
         assert q["leader"] == q["node"] and q["members"] == [q["node"]]
         assert q["online"] == [q["node"]]
+        assert q["messages_uncommitted"] == 0 and q["messages_dlx"] == 0
         status, _ = b.api("PUT", "/api/policies/%2F/limit", {
             "pattern": "^mq$", "apply-to": "queues",
             "definition": {"delivery-limit": 1, "queue-mode": "lazy"}})
