@@ -30,11 +30,13 @@ _BANNERS = {"amqp": "hare-server", "http": "hare-management", "amqp/ssl": "hare-
 
 async def run(settings: Settings, ready: asyncio.Event | None = None) -> int:
     from broker.cluster import ClusterUnavailable, NodeNameTaken
+    from broker.mgmt import Management
     from broker.node import Node
     from broker.server.listener import ListenerError
     from broker.server.tls import TlsError
 
     node = Node(settings)
+    node.add_plugin(Management())  # serves when a management listener is on
     try:
         await node.start()
     except (ListenerError, TlsError, NodeNameTaken, ClusterUnavailable) as exc:

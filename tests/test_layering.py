@@ -75,6 +75,24 @@ def test_imports_go_down_the_layers(path: Path) -> None:
     assert not upward, f"broker/{source} imports upward or sideways at run time: {upward}"
 
 
+# Plugins (RabbitMQ's word): parts the node starts beside itself. Each is registered on the
+# node by its registrar (broker/node/plugin.py: Node.add_plugin) and fed the node's events;
+# nothing else names it, not even for a type.
+PLUGINS = {"mgmt": ("cli",)}
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(BROKER)))
+def test_plugins_are_attached_not_reached(path: Path) -> None:
+    source = _package(path)
+    reached = [
+        f"line {line}: {name}"
+        for line, name in _runtime_imports(ast.parse(path.read_text()), typing_too=True)
+        for plugin, registrars in PLUGINS.items()
+        if name.split(".")[:2] == ["broker", plugin] and source not in (plugin, *registrars)
+    ]
+    assert not reached, f"broker/{source} reaches a plugin (use the node's events): {reached}"
+
+
 def test_an_upward_import_is_caught() -> None:
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                      "    from broker.node import Node\nfrom broker.server.reader import X\n")

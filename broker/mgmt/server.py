@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from aiohttp import web
 
-from broker.mgmt.stats import SAMPLE_INTERVAL_S, Stats
+from broker.mgmt.stats import Stats
 from broker.protocol import constants as c
 from broker.protocol.errors import AMQPError
 
@@ -29,13 +29,12 @@ __all__ = [
     "NODE",
     "STATS",
     "ApiError",
-    "ManagementServer",
     "created_or_updated",
     "dumps",
     "json_response",
     "no_content",
     "read_json",
-    "start_management",
+    "serve",
 ]
 
 log = structlog.get_logger("hare.mgmt")
@@ -145,18 +144,6 @@ async def _page(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(PAGE, headers={"Cache-Control": "no-cache"})
 
 
-class ManagementServer:
-    """The running HTTP and/or HTTPS listeners of the API."""
-
-    def __init__(self, runner: web.AppRunner, stats: Stats) -> None:
-        self._runner = runner
-        self.stats = stats
-
-    async def stop(self) -> None:
-        await self.stats.stop()
-        await self._runner.cleanup()
-
-
 def build_app(node: Node, stats: Stats) -> web.Application:
     from broker.mgmt import (
         admin,
@@ -190,12 +177,9 @@ def build_app(node: Node, stats: Stats) -> web.Application:
     return app
 
 
-async def start_management(node: Node, listeners: list[Listener],
-                           *, sample_interval: float = SAMPLE_INTERVAL_S) -> ManagementServer:
+async def serve(node: Node, stats: Stats, listeners: list[Listener]) -> web.AppRunner:
     """Serve the API on listeners the node has bound (HTTP, and HTTPS when one has TLS)."""
-    stats = Stats(node, sample_interval)
-    app = build_app(node, stats)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(build_app(node, stats), access_log=None, handle_signals=False)
     await runner.setup()
     try:
         for listener in listeners:
@@ -206,8 +190,7 @@ async def start_management(node: Node, listeners: list[Listener],
     except BaseException:
         await runner.cleanup()
         raise
-    stats.start()
     for listener in listeners:
         log.info("management listener started", protocol=listener.protocol, port=listener.port,
                  host=listener.host or "*")
-    return ManagementServer(runner, stats)
+    return runner

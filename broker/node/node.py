@@ -1,5 +1,6 @@
 """The node: one broker process. Owns the settings, vhosts, users, the open connections, the
-alarms and the listeners, and shuts them down in a fixed order."""
+alarms and the listeners, and shuts them down in a fixed order. Plugins (the management API)
+are registered on it and fed its events (broker/node/plugin.py); it names none of them."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from broker.flow.disk_monitor import DiskMonitor
 from broker.flow.memory_monitor import MemoryMonitor
 from broker.flow.memory_pressure import QueueLoad, ram_targets
 from broker.node.durable import Durable
+from broker.node.plugin import NodeEvents, Plugin
 from broker.server.direct_reply import ReplyRegistry
 from broker.server.listener import (
     Listener,
@@ -31,7 +33,6 @@ from broker.server.tls import tls_context
 from broker.vhost import VHost
 
 if TYPE_CHECKING:
-    from broker.mgmt import ManagementServer
     from broker.server.reader import Reader
 
 __all__ = ["Node"]
@@ -74,10 +75,15 @@ class Node:
         )
         self.durable: Durable | None = None
         self.port = settings.port
-        self.management: ManagementServer | None = None  # broker/mgmt, when HTTP(S) is on
+        self.events = NodeEvents()  # what the broker's parts report to plugins
+        self.plugins: list[Plugin] = []  # started in this order, stopped in the reverse
         self.cluster = make_cluster(self)  # this node alone, or a member of an etcd cluster
 
     # -- set-up -----------------------------------------------------------------------------
+    def add_plugin(self, plugin: Plugin) -> None:
+        """Before start: `plugin` starts once the node serves AMQP and stops first."""
+        self.plugins.append(plugin)
+
     def add_vhost(self, name: str) -> VHost:
         vhost = self.vhosts.get(name)
         if vhost is None:
@@ -111,6 +117,7 @@ class Node:
         before any connection is accepted (ListenerError, TlsError)."""
         listeners = self._bind_listeners()
         joined = False
+        started: list[Plugin] = []
         try:
             await self.cluster.start()  # a name already taken stops start-up here
             joined = True
@@ -123,12 +130,12 @@ class Node:
             for listener in listeners:
                 if listener.protocol in ("amqp", "amqp/ssl"):
                     await serve_amqp(self, listener)
-            web = [x for x in listeners if x.protocol in ("http", "https")]
-            if web:  # the management plugin (broker/mgmt) serves its own listeners
-                from broker.mgmt import start_management
-
-                self.management = await start_management(self, web)
+            for plugin in self.plugins:  # each serves its own listeners (management: HTTP(S))
+                await plugin.start(self, [x for x in listeners if x.protocol in plugin.listens])
+                started.append(plugin)
         except BaseException:
+            for plugin in reversed(started):
+                await plugin.stop()
             close_all(listeners)
             self.listeners = []
             if joined:
@@ -168,9 +175,8 @@ class Node:
 
     async def stop(self, reason: str = "broker shutdown") -> None:
         """Stop accepting, close clients with 320, stop queues; the stores flush last."""
-        if self.management is not None:  # the HTTP API stops first
-            await self.management.stop()
-            self.management = None
+        for plugin in reversed(self.plugins):  # the HTTP API stops first
+            await plugin.stop()
         servers = stop_accepting(self.listeners)
         await self.memory_monitor.stop()
         await self.disk_monitor.stop()

@@ -269,9 +269,7 @@ class Channel:
             self._posted.clear()
         finally:  # the reader waits for this before it closes the connection
             self.reader.channel_terminated(self)
-        management = getattr(self.reader.node, "management", None)
-        if management is not None:
-            management.stats.channel_closed(self)  # keep its counters in the node's totals
+        self.reader.node.events.channel_closed.notify(self)  # its counters are final
 
     def _release(self) -> None:
         """Requeue unacked messages and cancel consumers (channel or connection closed)."""

@@ -99,6 +99,23 @@ async def test_overview_counts_objects_and_messages(mgmt: MgmtBroker) -> None:
     assert ov["object_totals"]["channels"] == before["object_totals"]["channels"]
 
 
+async def test_a_closed_channel_keeps_its_publishes_in_the_totals(mgmt: MgmtBroker) -> None:
+    """The channel reports its end to the node's events, and the management plugin folds its
+    counters into the totals at once: without the event they would count only if the sampler
+    (every 5 s) had seen them before the channel went."""
+    qname = unique("closed")
+    conn = await connect(mgmt, qname)
+    ch = await conn.channel()
+    await ch.declare_queue(qname)
+    before = mgmt.get("/api/overview")["message_stats"]["publish"]
+    for _ in range(4):
+        await ch.default_exchange.publish(Message(b"x"), routing_key=qname)  # confirmed
+    await ch.close()
+    ov = await mgmt.until("/api/overview", lambda o: o["message_stats"]["publish"] >= before + 4)
+    assert ov["message_stats"]["publish"] == before + 4
+    await conn.close()
+
+
 async def test_queue_put_purge_delete(mgmt: MgmtBroker) -> None:
     qname = unique("put")
     status, _ = mgmt.api("PUT", f"/api/queues/%2F/{qname}",

@@ -1,0 +1,65 @@
+"""What the node offers the parts that run beside it (RabbitMQ's plugins, fed by rabbit_event).
+
+A plugin is registered on the node before it starts (`Node.add_plugin`), is started once the
+node serves AMQP, with the listeners it serves among those the node bound, and is stopped
+first. Events are what the broker's parts report as they happen; a plugin subscribes to the
+ones it needs. The node and the channel know no plugin by name: the management API
+(broker/mgmt) is one, registered by hare-server (broker/cli.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from broker.node.node import Node
+    from broker.server.channel import Channel
+    from broker.server.listener import Listener
+
+__all__ = ["Event", "NodeEvents", "Plugin"]
+
+T = TypeVar("T")
+
+
+class Event(Generic[T]):
+    """One kind of event: its handlers are called in turn with the event's subject, on the loop
+    and at once (plain calls, quick: they run inside the part that reports)."""
+
+    __slots__ = ("_handlers",)
+
+    def __init__(self) -> None:
+        self._handlers: list[Callable[[T], None]] = []
+
+    def subscribe(self, handler: Callable[[T], None]) -> None:
+        self._handlers.append(handler)
+
+    def unsubscribe(self, handler: Callable[[T], None]) -> None:
+        self._handlers.remove(handler)
+
+    def notify(self, subject: T) -> None:
+        for handler in self._handlers:
+            handler(subject)
+
+
+class NodeEvents:
+    """The events a node's parts report."""
+
+    __slots__ = ("channel_closed",)
+
+    def __init__(self) -> None:
+        # a channel has ended: its counters are final (the management's totals keep them)
+        self.channel_closed: Event[Channel] = Event()
+
+
+class Plugin(Protocol):
+    """A part started and stopped with the node."""
+
+    # the protocols of the node's listeners it serves ("http", "https"); () for none
+    listens: tuple[str, ...]
+
+    async def start(self, node: Node, listeners: list[Listener]) -> None:
+        """Serve `listeners` (bound and listening; empty when none of its protocols is on)."""
+
+    async def stop(self) -> None:
+        """First in the node's stop (before its clients are closed), or when the node's start
+        fails after this plugin started. A plugin that served nothing has nothing to stop."""
