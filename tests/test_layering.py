@@ -1,7 +1,13 @@
-"""The one-way layering of broker/: every import that runs (not the ones under TYPE_CHECKING)
-goes from a higher layer to a strictly lower one. A new package gets a rank here, which is
-where its place in the design is decided. The tools beside the broker stay beside it: the load
-generator (hare_perf) imports nothing of the broker, and the broker nothing of the tools."""
+"""The one-way layering of broker/: every import that runs goes from a higher layer to a
+strictly lower one, and inside a package the modules import each other one way too (no
+cycles). A new package gets a rank here, which is where its place in the design is decided.
+
+An import that runs is any import statement, function-local ones included (a function-local
+import only delays a cycle, it does not remove it). Imports under `if TYPE_CHECKING:` are left
+out: they never run, so they order nothing at start-up; they name the types a seam passes.
+
+The tools beside the broker stay beside it: the load generator (hare_perf) imports nothing of
+the broker, and the broker nothing of the tools."""
 
 from __future__ import annotations
 
@@ -37,25 +43,33 @@ def _package(path: Path) -> str:
     return rel.parts[0]
 
 
-def _runtime_imports(tree: ast.Module, *, typing_too: bool = False) -> list[tuple[int, str]]:
+def _imports(tree: ast.Module, *, typing_too: bool = False
+             ) -> list[tuple[int, str, tuple[str, ...]]]:
+    """(line, module, names taken from it) of each import of broker or the tools that runs,
+    wherever it is (function-local ones too); with `typing_too`, those under TYPE_CHECKING
+    as well."""
     typing_only: set[int] = set()
     for node in ast.walk(tree):
-        if typing_too:
-            break
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if not typing_too and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(
+                node.test):
             typing_only.update(id(n) for n in ast.walk(node))
-    out = []
+    out: list[tuple[int, str, tuple[str, ...]]] = []
     for node in ast.walk(tree):
         if id(node) in typing_only:
             continue
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
+            found = [(node.module, tuple(a.name for a in node.names))]
         elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            found = [(a.name, ()) for a in node.names]
         else:
             continue
-        out += [(node.lineno, n) for n in names if n.split(".")[0] in ("broker", *TOOLS)]
+        out += [(node.lineno, module, names) for module, names in found
+                if module.split(".")[0] in ("broker", *TOOLS)]
     return out
+
+
+def _runtime_imports(tree: ast.Module, *, typing_too: bool = False) -> list[tuple[int, str]]:
+    return [(line, module) for line, module, _ in _imports(tree, typing_too=typing_too)]
 
 
 def _modules() -> list[Path]:
@@ -109,3 +123,81 @@ def test_the_broker_and_the_load_generator_stand_apart(path: Path) -> None:
     found = [f"line {line}: {name}" for line, name in _runtime_imports(tree, typing_too=True)
              if name.split(".")[0] in other]
     assert not found, f"{path.relative_to(ROOT)} imports {other}: {found}"
+
+
+# -- no cycles inside a package ---------------------------------------------------------------
+# Across packages the ranks above already forbid a cycle (an import goes strictly down). Inside
+# one package, modules share a rank, so the order is held here: the modules of a package import
+# each other one way, like the layers. Function-local imports count (they are how a cycle hides:
+# the import merely runs later); imports under TYPE_CHECKING do not, as above: they never run,
+# so they cannot meet a half-imported module. `from broker.p import x` imports broker.p.x when
+# x is a module (its package's __init__ is not an edge then).
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph(sources: dict[str, str]) -> dict[str, set[str]]:
+    """module -> the modules of `sources` it imports at run time. `from broker.p import x`
+    is an import of broker.p.x when that is a module, else of broker.p (its __init__)."""
+    graph: dict[str, set[str]] = {}
+    for module, text in sources.items():
+        targets: set[str] = set()
+        for _, imported, names in _imports(ast.parse(text)):
+            subs = {f"{imported}.{name}" for name in names} & sources.keys()
+            targets |= subs if subs and len(subs) == len(names) else {imported, *subs}
+        graph[module] = {t for t in targets if t in sources and t != module}
+    return graph
+
+
+def _a_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of `graph` as [a, b, ..., a], or [] when there is none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str]:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                return [*path[path.index(target):], target]
+            if target not in state and (found := visit(target)):
+                return found
+        path.pop()
+        state[module] = 2
+        return []
+
+    for module in sorted(graph):
+        if module not in state and (found := visit(module)):
+            return found
+    return []
+
+
+def _packages() -> list[Path]:
+    inside = [p for p in BROKER.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+    return sorted(inside) + [ROOT / tool for tool in TOOLS]
+
+
+@pytest.mark.parametrize("package", _packages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_import_cycle_inside_a_package(package: Path) -> None:
+    sources = {_module_name(p): p.read_text() for p in package.rglob("*.py")}
+    cycle = _a_cycle(_import_graph(sources))
+    assert not cycle, f"{package.relative_to(ROOT)}: import cycle {' -> '.join(cycle)}"
+
+
+def test_a_cycle_through_a_function_local_import_is_caught() -> None:
+    sources = {
+        "broker.p": "",
+        "broker.p.app": "from broker.p import handler\n",
+        "broker.p.handler": "def f():\n    from broker.p.app import ok\n",
+        "broker.p.typed": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                          "    from broker.p.app import App\n",
+    }
+    graph = _import_graph(sources)
+    assert graph["broker.p.typed"] == set()  # type-only: not an edge
+    assert _a_cycle(graph) == ["broker.p.app", "broker.p.handler", "broker.p.app"]
+    sources["broker.p.handler"] = "from broker.p.http import ok\n"  # helpers apart
+    sources["broker.p.http"] = ""
+    assert _a_cycle(_import_graph(sources)) == []

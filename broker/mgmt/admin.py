@@ -13,7 +13,7 @@ from aiohttp import web
 from broker.config import hash_password, is_password_hash
 from broker.mgmt.api import vhost_of
 from broker.mgmt.authz import Need, add_route, caller, visible_vhosts
-from broker.mgmt.server import (
+from broker.mgmt.http import (
     NODE,
     ApiError,
     created_or_updated,

@@ -26,7 +26,7 @@ from broker.mgmt.authz import (
     require_topic,
     visible_vhosts,
 )
-from broker.mgmt.server import (
+from broker.mgmt.http import (
     NODE,
     STATS,
     ApiError,

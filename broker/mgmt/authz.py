@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from broker.access import AccessRefused, Credentials, LoginRefused, Principal
-from broker.mgmt.server import NODE, ApiError
+from broker.mgmt.http import NODE, ApiError
 
 if TYPE_CHECKING:
     from broker.node import Node

@@ -22,8 +22,8 @@ from aiohttp import web
 from broker import __version__
 from broker.mgmt.admin import permission_json, put_user, set_permission, user_json
 from broker.mgmt.authz import Need, add_route
+from broker.mgmt.http import NODE, ApiError, json_response, no_content, read_json
 from broker.mgmt.policies import prefetch_policy_checks, set_limits, set_policy
-from broker.mgmt.server import NODE, ApiError, json_response, no_content, read_json
 from broker.mgmt.topic_permissions import set_topic_permission, topic_permission_rows
 from broker.mgmt.user_limits import set_user_limit
 from broker.protocol.errors import AMQPError

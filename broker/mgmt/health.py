@@ -21,7 +21,7 @@ from broker.flow.alarm import DISK, MEMORY
 from broker.message import Message, encode_properties
 from broker.mgmt.api import vhost_of
 from broker.mgmt.authz import Need, add_route, require, require_declare
-from broker.mgmt.server import NODE, ApiError, json_response
+from broker.mgmt.http import NODE, ApiError, json_response
 
 if TYPE_CHECKING:
     from broker.node import Node

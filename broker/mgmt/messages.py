@@ -22,7 +22,7 @@ from pamqp import commands
 from broker.message import Message, encode_properties
 from broker.mgmt.api import DEFAULT_EXCHANGE_ALIAS, vhost_of
 from broker.mgmt.authz import Need, add_route, caller, require, require_topic
-from broker.mgmt.server import NODE, ApiError, dumps, json_response, read_json
+from broker.mgmt.http import NODE, ApiError, dumps, json_response, read_json
 from broker.protocol.errors import AMQPError
 from broker.protocol.properties import check_properties
 from broker.routing.router import routing_keys

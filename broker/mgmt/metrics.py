@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 
 from broker import __version__
 from broker.flow.memory_monitor import process_memory
-from broker.mgmt.server import NODE, STATS
+from broker.mgmt.http import NODE, STATS
 from broker.mgmt.stats import Stats, channels, queues, stores
 
 if TYPE_CHECKING:

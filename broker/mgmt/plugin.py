@@ -31,7 +31,7 @@ class Management:
     async def start(self, node: Node, listeners: list[Listener]) -> None:
         if not listeners:
             return  # management_port 0 and no HTTPS: nothing to serve, nothing to sample
-        from broker.mgmt.server import serve
+        from broker.mgmt.app import serve
 
         stats = Stats(node, self.sample_interval_s)
         self._runner = await serve(node, stats, listeners)

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from broker.mgmt.api import vhost_of
 from broker.mgmt.authz import Need, add_route
-from broker.mgmt.server import NODE, ApiError, json_response, read_json
+from broker.mgmt.http import NODE, ApiError, json_response, read_json
 
 __all__ = ["add_routes"]
 

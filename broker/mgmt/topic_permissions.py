@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from broker.mgmt.authz import Need, add_route
-from broker.mgmt.server import (
+from broker.mgmt.http import (
     NODE,
     ApiError,
     created_or_updated,

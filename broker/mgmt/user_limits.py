@@ -10,7 +10,7 @@ from aiohttp import web
 
 from broker.access import LIMITS
 from broker.mgmt.authz import Need, add_route
-from broker.mgmt.server import NODE, ApiError, json_response, no_content, read_json
+from broker.mgmt.http import NODE, ApiError, json_response, no_content, read_json
 
 if TYPE_CHECKING:
     from broker.node import Node

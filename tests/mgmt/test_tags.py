@@ -14,7 +14,7 @@ import pika
 import pytest
 
 from broker.mgmt import authz
-from broker.mgmt.server import build_app
+from broker.mgmt.app import build_app
 
 from .helpers import MgmtBroker
 

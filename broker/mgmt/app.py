@@ -1,22 +1,33 @@
-"""The management listener: an aiohttp application in the broker's own process and loop.
+"""The management application: an aiohttp application in the broker's own process and loop.
 
 Handlers read the node's live objects directly (no copies, no locks: one loop runs them all).
 Every /api path needs HTTP basic auth through the node's auth backends and the tag its route
 declares (broker/mgmt/authz.py). `/` (the page) and `/metrics` (as RabbitMQ's prometheus
-plugin) are open."""
+plugin) are open. Each handler module adds its routes here; what they share is in http.py."""
 
 from __future__ import annotations
 
-import datetime
-import decimal
-import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 from aiohttp import web
 
+from broker.mgmt import (
+    admin,
+    api,
+    authz,
+    definitions,
+    health,
+    messages,
+    metrics,
+    policies,
+    quorum,
+    topic_permissions,
+    user_limits,
+)
+from broker.mgmt.http import NODE, STATS, ApiError, json_response
 from broker.mgmt.stats import Stats
 from broker.protocol import constants as c
 from broker.protocol.errors import AMQPError
@@ -25,22 +36,10 @@ if TYPE_CHECKING:
     from broker.node import Node
     from broker.server.listener import Listener
 
-__all__ = [
-    "NODE",
-    "STATS",
-    "ApiError",
-    "created_or_updated",
-    "dumps",
-    "json_response",
-    "no_content",
-    "read_json",
-    "serve",
-]
+__all__ = ["build_app", "serve"]
 
 log = structlog.get_logger("hare.mgmt")
 
-NODE: web.AppKey[Node] = web.AppKey("node")
-STATS = web.AppKey("stats", Stats)
 PAGE = Path(__file__).with_name("static") / "index.html"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -55,59 +54,6 @@ _STATUS = {
     c.NOT_ALLOWED: 400,
     c.INTERNAL_ERROR: 503,  # a cluster whose etcd cannot take a change now
 }
-
-
-class ApiError(Exception):
-    """An error answer: status, RabbitMQ's `error` word and a human `reason`."""
-
-    def __init__(self, status: int, reason: str, error: str | None = None) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-        self.error = error or {400: "bad_request", 401: "not_authorised",
-                               404: "Object Not Found"}.get(status, "error")
-
-
-def _default(value: Any) -> Any:
-    if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8", "replace")
-    if isinstance(value, decimal.Decimal):
-        return float(value)
-    if isinstance(value, datetime.datetime):
-        return value.isoformat()
-    if isinstance(value, set | frozenset | tuple):
-        return list(value)
-    return str(value)
-
-
-def dumps(data: Any) -> str:
-    return json.dumps(data, default=_default)
-
-
-def json_response(data: Any, status: int = 200) -> web.Response:
-    return web.Response(text=dumps(data), status=status, content_type="application/json")
-
-
-def no_content() -> web.Response:
-    return web.Response(status=204)
-
-
-def created_or_updated(created: bool) -> web.Response:
-    return web.Response(status=201 if created else 204)
-
-
-async def read_json(request: web.Request) -> dict[str, Any]:
-    """The request body as a JSON object; an empty body is {} (RabbitMQ allows it for PUT)."""
-    raw = await request.read()
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise ApiError(400, f"body is not JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise ApiError(400, "body must be a JSON object")
-    return body
 
 
 @web.middleware
@@ -140,25 +86,12 @@ async def _cluster(request: web.Request, handler: Handler) -> web.StreamResponse
     await cluster.commit()
     return response
 
+
 async def _page(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(PAGE, headers={"Cache-Control": "no-cache"})
 
 
 def build_app(node: Node, stats: Stats) -> web.Application:
-    from broker.mgmt import (
-        admin,
-        api,
-        authz,
-        definitions,
-        health,
-        messages,
-        metrics,
-        policies,
-        quorum,
-        topic_permissions,
-        user_limits,
-    )
-
     app = web.Application(middlewares=[_errors, authz.authorize, _cluster])
     app[NODE] = node
     app[STATS] = stats
