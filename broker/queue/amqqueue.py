@@ -313,11 +313,8 @@ class AMQQueue:
                 if args.overflow == "reject-publish-dlx":
                     self._dead_letter(msg, dlx.MAXLEN)
                 continue
-            expires_at = 0.0
-            if ttl is not None or msg.has_expiration:
-                expires_at = self._expiry_for(msg, ttl, now)
-                if expires_at:
-                    self._ttl_dirty = True
+            expires_at = (self._expiry_for(msg, ttl, now)
+                          if ttl is not None or msg.has_expiration else 0.0)
             bq.publish(msg, expires_at)
             self.published += 1
             if seq:
@@ -333,6 +330,8 @@ class AMQQueue:
             channel.queue_confirmed(self, confirms, rejected)
 
     def _expiry_for(self, msg: Message, ttl: int | None, now: float) -> float:
+        """When a message published now expires (0.0: never); the TTL timer is re-armed at
+        the end of the turn when it does."""
         best = ttl
         if msg.has_expiration:
             try:  # read from the raw block: a queued message keeps nothing decoded
@@ -343,6 +342,7 @@ class AMQQueue:
                 best = per_msg
         if best is None:
             return 0.0
+        self._ttl_dirty = True
         # ttl 0 means "deliver now or never": a consumer in this batch gets it, else it expires
         return now + best / 1000.0
 

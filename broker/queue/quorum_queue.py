@@ -332,11 +332,8 @@ class QuorumQueue(AMQQueue):
                 if cseq and channel is not None:
                     slot[1].append(cseq)
                 continue
-            expires_at = 0.0
-            if ttl is not None or msg.has_expiration:
-                expires_at = self._expiry_for(msg, ttl, now)
-                if expires_at:
-                    self._ttl_dirty = True
+            expires_at = (self._expiry_for(msg, ttl, now)
+                          if ttl is not None or msg.has_expiration else 0.0)
             bq.append_written(seq, msg, embedded, expires_at)
             self.published += 1
             if cseq and channel is not None:

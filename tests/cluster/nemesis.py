@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .test_quorum import Trio
 
-from .quorum_clients import Consumer, Publisher, Verdict, check, wait_until
+from .helpers import wait_for
+from .quorum_clients import Consumer, Publisher, Verdict, check
 
 
 def _disturb(trio: Trio, rng: random.Random, lease_s: float, log: list[str]) -> None:
@@ -70,14 +71,14 @@ def run_nemesis(trio: Trio, name: str, *, seconds: float, seed: int,
     # everything running: a little more traffic, then the publishers stop and the consumers
     # drain what is left
     count = sum(len(p.confirmed) for p in publishers)
-    wait_until(lambda: sum(len(p.confirmed) for p in publishers) > count + 30, 120,
+    wait_for(lambda: sum(len(p.confirmed) for p in publishers) > count + 30, 120,
                "publishing after the nemesis")
     for p in publishers:
         p.stop()
     for p in publishers:
         p.join(30)
     try:
-        wait_until(lambda: not check(publishers, consumers).lost, 120,
+        wait_for(lambda: not check(publishers, consumers).lost, 120,
                    "every confirmed message delivered")
     except AssertionError:
         pass  # the verdict says what is missing

@@ -22,31 +22,55 @@ def _params(url: str) -> pika.URLParameters:
         url + "%2F?heartbeat=0&socket_timeout=5&blocked_connection_timeout=30")
 
 
-class Publisher(threading.Thread):
+class _Client(threading.Thread):
+    """What both clients share: a node to connect to (asked again after each failure) and
+    the connection's life."""
+
+    def __init__(self, url: Callable[[], str], name: str) -> None:
+        super().__init__(daemon=True, name=name)
+        self.url = url
+        self.failures = 0  # connections refused or lost
+        self.stopping = threading.Event()
+
+    def connect(self) -> pika.BlockingConnection | None:
+        try:
+            return pika.BlockingConnection(_params(self.url()))
+        except AMQPError:
+            self.failures += 1
+            time.sleep(0.2)
+            return None
+
+    @staticmethod
+    def close(conn: pika.BlockingConnection) -> None:
+        try:
+            if conn.is_open:
+                conn.close()
+        except (AMQPError, OSError):
+            pass
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+
+class Publisher(_Client):
     """Publishes `<tag>:<i>` for i = 0, 1, ... (up to `count`), each until it is confirmed:
     `confirmed` lists them in confirm order. `url()` is asked again after a failure."""
 
     def __init__(self, url: Callable[[], str], queue: str, tag: str, *,
                  count: int | None = None, pace_s: float = 0.0) -> None:
-        super().__init__(daemon=True, name=f"publisher-{tag}")
-        self.url = url
+        super().__init__(url, f"publisher-{tag}")
         self.queue = queue
         self.tag = tag
         self.count = count
         self.pace_s = pace_s
         self.confirmed: list[int] = []
         self.refused = 0  # nacks and returns (published again)
-        self.failures = 0  # connections lost
-        self.stopping = threading.Event()
 
     def run(self) -> None:
         i = 0
         while not self.stopping.is_set() and (self.count is None or i < self.count):
-            try:
-                conn = pika.BlockingConnection(_params(self.url()))
-            except AMQPError:
-                self.failures += 1
-                time.sleep(0.2)
+            conn = self.connect()
+            if conn is None:
                 continue
             try:
                 ch = conn.channel()
@@ -67,39 +91,25 @@ class Publisher(threading.Thread):
                 self.failures += 1
                 time.sleep(0.2)
             finally:
-                try:
-                    if conn.is_open:
-                        conn.close()
-                except (AMQPError, OSError):
-                    pass
-
-    def stop(self) -> None:
-        self.stopping.set()
+                self.close(conn)
 
 
-class Consumer(threading.Thread):
+class Consumer(_Client):
     """Consumes `queue` with acks (prefetch 50) and records every delivery (tag, i,
     redelivered) before acking it; consumes again after basic.cancel or a lost connection.
     `acked` holds the deliveries whose ack was written to the socket, with the time."""
 
     def __init__(self, url: Callable[[], str], queue: str, name: str = "consumer") -> None:
-        super().__init__(daemon=True, name=name)
-        self.url = url
+        super().__init__(url, name)
         self.queue = queue
         self.received: list[tuple[str, int, bool]] = []
         self.acked: list[tuple[str, int, float]] = []
         self.cancels = 0
-        self.failures = 0
-        self.stopping = threading.Event()
-        self.paused = threading.Event()  # set: stop acking (and taking) for a while
 
     def run(self) -> None:
         while not self.stopping.is_set():
-            try:
-                conn = pika.BlockingConnection(_params(self.url()))
-            except AMQPError:
-                self.failures += 1
-                time.sleep(0.2)
+            conn = self.connect()
+            if conn is None:
                 continue
             try:
                 ch = conn.channel()
@@ -114,11 +124,7 @@ class Consumer(threading.Thread):
             except (AMQPError, OSError):
                 self.failures += 1
             finally:
-                try:
-                    if conn.is_open:
-                        conn.close()
-                except (AMQPError, OSError):
-                    pass
+                self.close(conn)
             time.sleep(0.2)
 
     def _on_message(self, ch: pika.adapters.blocking_connection.BlockingChannel,
@@ -128,9 +134,6 @@ class Consumer(threading.Thread):
         self.received.append((tag, int(number), bool(method.redelivered)))
         ch.basic_ack(method.delivery_tag)
         self.acked.append((tag, int(number), time.monotonic()))
-
-    def stop(self) -> None:
-        self.stopping.set()
 
 
 @dataclass
@@ -170,14 +173,3 @@ def check(publishers: list[Publisher], consumers: list[Consumer]) -> Verdict:
         v.confirmed += len(p.confirmed)
         v.lost += [(p.tag, i) for i in p.confirmed if (p.tag, i) not in times]
     return v
-
-
-def wait_until(check_fn: Callable[[], object], timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check_fn()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)

@@ -26,7 +26,7 @@ import pika
 import pytest
 
 from .helpers import ClusterNode, EtcdProc, wait_for
-from .quorum_clients import Consumer, Publisher, check, wait_until
+from .quorum_clients import Consumer, Publisher, check
 
 LEASE_S = 5  # long enough for a loaded 2-core machine, short enough for failovers in tests
 QUORUM = {"x-queue-type": "quorum"}
@@ -151,7 +151,7 @@ def test_leader_killed(trio: Trio) -> None:
     con_c = Consumer(lambda: url(trio["c"]), name)
     for t in (pub_b, pub_c, con_c):
         t.start()
-    wait_until(lambda: len(pub_b.confirmed) > 100 and len(con_c.received) > 50, 60,
+    wait_for(lambda: len(pub_b.confirmed) > 100 and len(con_c.received) > 50, 60,
                "traffic before the kill")
     killed_at = time.monotonic()
     trio["a"].kill()
@@ -160,13 +160,13 @@ def test_leader_killed(trio: Trio) -> None:
     assert new is not trio["a"]
     assert took < 4 * LEASE_S, took  # the lease, an election, a copy: seconds
     before = len(pub_b.confirmed) + len(pub_c.confirmed)
-    wait_until(lambda: len(pub_b.confirmed) + len(pub_c.confirmed) > before + 100, 60,
+    wait_for(lambda: len(pub_b.confirmed) + len(pub_c.confirmed) > before + 100, 60,
                "publishers going on after the failover")
     assert con_c.cancels >= 1  # its consumer on a's queue was cancelled, and it came back
     for p in (pub_b, pub_c):
         p.stop()
         p.join(30)
-    wait_until(lambda: not check([pub_b, pub_c], [con_c]).lost, 60,
+    wait_for(lambda: not check([pub_b, pub_c], [con_c]).lost, 60,
                "every confirmed message delivered")
     con_c.stop()
     con_c.join(30)
@@ -333,7 +333,7 @@ def test_partitioned_leader_steps_down(trio: Trio) -> None:
     warm = Publisher(lambda: url(b), name, "warm", count=200)
     warm.start()
     warm.join(60)
-    wait_until(lambda: len(con.acked) >= 200, 60, "the first messages acked")
+    wait_for(lambda: len(con.acked) >= 200, 60, "the first messages acked")
     caught_up(trio, name)  # those acks are held by every member
     acked_before = {(t, i) for t, i, _ in con.acked}
     seen_before = len(con.received)
@@ -341,24 +341,24 @@ def test_partitioned_leader_steps_down(trio: Trio) -> None:
     pub_b = Publisher(lambda: url(b), name, "b")
     for p in (pub_a, pub_b):
         p.start()
-    wait_until(lambda: len(pub_a.confirmed) > 20 and len(pub_b.confirmed) > 20, 60,
+    wait_for(lambda: len(pub_a.confirmed) > 20 and len(pub_b.confirmed) > 20, 60,
                "traffic on both sides")
     os.kill(a.pid, signal.SIGSTOP)
     try:
         new = leader(trio, name, among=[b, c])
         assert new is not a
         count = len(pub_b.confirmed)
-        wait_until(lambda: len(pub_b.confirmed) > count + 50, 60, "b's side going on")
+        wait_for(lambda: len(pub_b.confirmed) > count + 50, 60, "b's side going on")
     finally:
         os.kill(a.pid, signal.SIGCONT)
-    wait_until(lambda: (qinfo(a, name) or {}).get("leader") == new.name, 60,
+    wait_for(lambda: (qinfo(a, name) or {}).get("leader") == new.name, 60,
                "a following the new leader")
     count = len(pub_a.confirmed)
-    wait_until(lambda: len(pub_a.confirmed) > count + 20, 60, "a's client going on")
+    wait_for(lambda: len(pub_a.confirmed) > count + 20, 60, "a's client going on")
     for p in (pub_a, pub_b):
         p.stop()
         p.join(30)
-    wait_until(lambda: not check([warm, pub_a, pub_b], [con]).lost, 60,
+    wait_for(lambda: not check([warm, pub_a, pub_b], [con]).lost, 60,
                "every confirmed message delivered")
     con.stop()
     con.join(30)
