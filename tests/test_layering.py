@@ -31,9 +31,9 @@ RANK = {
     "server": 4, "policy": 4,
     "cluster": 5, "mgmt": 5,
     "vhost_params": 6,
-    "vhost": 7, "ctl_client": 7,
+    "vhost": 7,
     # on top: the node, its entry points, tools and connectors outside the broker
-    "node": 8, "spark": 8, "ctl_access": 8, "ctl_policy": 8, "ctl_quorum": 8,
+    "node": 8, "spark": 8,
     "cli": 9, "ctl": 9, "__main__": 10,
 }
 

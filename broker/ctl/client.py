@@ -3,13 +3,14 @@ starts fast), the one-line error with rabbitmqctl's exit code, and the table pri
 
 from __future__ import annotations
 
+import argparse
 import base64
 import http
 import json
 import socket
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -22,6 +23,7 @@ __all__ = [
     "EX_USAGE",
     "Client",
     "CtlError",
+    "Verb",
     "cell",
     "done",
     "quote_name",
@@ -30,6 +32,10 @@ __all__ = [
 ]
 
 DEFAULT_URL = "http://127.0.0.1:15672"
+
+# hare-ctl's registrar of a verb: (name, handler, help, vhost=False) -> the verb's parser
+Verb = Callable[..., argparse.ArgumentParser]
+
 EX_USAGE, EX_DATAERR, EX_UNAVAILABLE, EX_SOFTWARE, EX_NOPERM = 64, 65, 69, 70, 77
 
 

@@ -5,21 +5,18 @@
     hare-ctl set_user_limits USER '{"max-connections": 10, "max-channels": 20}'
     hare-ctl clear_user_limits USER max-connections|max-channels|all
 
-(list_topic_permissions and list_user_limits are list verbs in broker.ctl.) What a user may
+(list_topic_permissions and list_user_limits are list verbs in broker.ctl.lists.) What a user may
 do is what the management API lets it (docs/SECURITY.md)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from typing import Any
 
-from broker.ctl_client import EX_DATAERR, Client, CtlError, done, quote_name
+from broker.ctl.client import EX_DATAERR, Client, CtlError, Verb, done, quote_name
 
 __all__ = ["add_verbs"]
-
-Verb = Callable[..., argparse.ArgumentParser]
 
 
 def _set_topic_permissions(client: Client, a: argparse.Namespace) -> tuple[Any, str]:

@@ -17,11 +17,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from broker.ctl_client import Client, CtlError, done, quote_name, table
+from broker.ctl.client import Client, CtlError, Verb, done, quote_name, table
 
 __all__ = ["add_verbs"]
-
-Verb = Callable[..., argparse.ArgumentParser]
 
 
 def _members_path(vhost: str, queue: str) -> str:

@@ -8,21 +8,18 @@
     hare-ctl clear_vhost_limits [-p VHOST]
     hare-ctl list_vhost_limits [-p VHOST] [--global]
 
-(list_policies and list_operator_policies are list verbs in broker.ctl.) The broker
+(list_policies and list_operator_policies are list verbs in broker.ctl.lists.) The broker
 validates; errors come back as one line with RabbitMQ's reason."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from typing import Any
 
-from broker.ctl_client import EX_DATAERR, Client, CtlError, done, quote_name
+from broker.ctl.client import EX_DATAERR, Client, CtlError, Verb, done, quote_name
 
 __all__ = ["add_verbs"]
-
-Verb = Callable[..., argparse.ArgumentParser]
 
 
 def _json_arg(text: str, what: str) -> Any:
