@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -36,31 +35,15 @@ from pamqp import commands
 
 from hare_bench.local_cluster import DevCluster
 from hare_perf.client import connect
-from hare_perf.scenarios import _Crew, wait_quiet
+from hare_perf.crew import Crew
+from hare_perf.host import loadavg, machine_busy, process_cpu_s, wait_quiet
 from hare_perf.wire import parse_url
 from hare_perf.workers import ConsumerSpec, PublisherSpec, consumer_main, publisher_main
 
 __all__ = ["main"]
 
-_TICK = os.sysconf("SC_CLK_TCK")
 _TIMEOUT_S = 300.0
 LOADS = ("publish-only", "steady")
-
-
-def _cpu(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / _TICK
-    return total
-
-
-def _machine_busy() -> tuple[float, float]:
-    """CPU seconds the whole machine spent in processes (user, nice, system) and in interrupts
-    (irq, softirq: mostly loopback TCP, the benchmark's own, charged to no process)."""
-    with open("/proc/stat") as stat:
-        f = [int(x) for x in stat.readline().split()[1:]]
-    return (f[0] + f[1] + f[2]) / _TICK, (f[5] + f[6]) / _TICK
 
 
 class _Snapshot:
@@ -68,8 +51,8 @@ class _Snapshot:
 
     def __init__(self, pids: list[int]) -> None:
         self.wall = time.monotonic()
-        self.nodes = [_cpu([pid]) for pid in pids]
-        self.busy, self.irq = _machine_busy()
+        self.nodes = [process_cpu_s([pid]) for pid in pids]
+        self.busy, self.irq = machine_busy()
 
 
 async def _queues(cluster: DevCluster, homes: list[int], delete: list[str] | None = None,
@@ -118,7 +101,7 @@ async def aggregate(cluster: DevCluster, homes: list[int], load: str, count: int
     queue lives on), all started at once. Returns msg/s and the cores each party used."""
     urls = [cluster.amqp_url(h) for h in homes]
     names = await _queues(cluster, homes)
-    crew = _Crew(_TIMEOUT_S)
+    crew = Crew(_TIMEOUT_S)
     try:
         pubs = [crew.start(publisher_main,
                            PublisherSpec(u, "", [q], count, size, _TIMEOUT_S,
@@ -160,7 +143,7 @@ async def aggregate(cluster: DevCluster, homes: list[int], load: str, count: int
 
 
 async def _publish(url: str, queue: str, count: int, size: int) -> None:
-    crew = _Crew(_TIMEOUT_S)
+    crew = Crew(_TIMEOUT_S)
     try:
         i = crew.start(publisher_main, PublisherSpec(url, "", [queue], count, size, _TIMEOUT_S,
                                                      confirms=True), "publisher")
@@ -172,7 +155,7 @@ async def _publish(url: str, queue: str, count: int, size: int) -> None:
 
 
 async def _consume(url: str, queue: str, count: int) -> None:
-    crew = _Crew(_TIMEOUT_S)
+    crew = Crew(_TIMEOUT_S)
     try:
         i = crew.start(consumer_main, ConsumerSpec(url, [queue], [count], _TIMEOUT_S,
                                                    timestamps=False), "consumer")
@@ -191,18 +174,14 @@ async def link_cost(cluster: DevCluster, count: int, size: int) -> dict[str, flo
     for label, pub_url, con_url in (("local", home, home), ("forwarded", far, far)):
         [queue] = await _queues(cluster, [1])  # homed on hare-2 either way
         await asyncio.sleep(0.5)  # hare-1 learns of it through etcd
-        before = _cpu(pids)
+        before = process_cpu_s(pids)
         await _publish(pub_url, queue, count, size)
-        out[f"publish_{label}_us"] = (_cpu(pids) - before) / count * 1e6
-        before = _cpu(pids)
+        out[f"publish_{label}_us"] = (process_cpu_s(pids) - before) / count * 1e6
+        before = process_cpu_s(pids)
         await _consume(con_url, queue, count)
-        out[f"deliver_{label}_us"] = (_cpu(pids) - before) / count * 1e6
+        out[f"deliver_{label}_us"] = (process_cpu_s(pids) - before) / count * 1e6
         await _queues(cluster, [1], delete=[queue])
     return out
-
-
-def _loadavg() -> float:
-    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 async def _measure(cluster: DevCluster, args: argparse.Namespace) -> dict[str, list[float]]:
@@ -213,7 +192,7 @@ async def _measure(cluster: DevCluster, args: argparse.Namespace) -> dict[str, l
 
     setups = {"1 node": [0] * args.pairs, "2 nodes": [i % 2 for i in range(args.pairs)]}
     for r in range(args.rounds):
-        keep("loadavg", _loadavg())
+        keep("loadavg", loadavg())
         for load in LOADS:
             if args.wait_quiet > 0:
                 keep(f"{load} others before", await wait_quiet(None, args.wait_quiet))
@@ -227,7 +206,7 @@ async def _measure(cluster: DevCluster, args: argparse.Namespace) -> dict[str, l
                     keep(f"{load} {label} {key}", value)
         for key, value in (await link_cost(cluster, args.link_count, args.size)).items():
             keep(key, value)
-    keep("loadavg", _loadavg())
+    keep("loadavg", loadavg())
     return results
 
 

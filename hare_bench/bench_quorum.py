@@ -34,10 +34,10 @@ from typing import Any
 
 from pamqp import commands
 
-from hare_bench.bench_cluster import _cpu, _loadavg, _machine_busy
 from hare_bench.local_cluster import DevCluster
 from hare_perf.client import connect
-from hare_perf.scenarios import _Crew
+from hare_perf.crew import Crew
+from hare_perf.host import loadavg, machine_busy, process_cpu_s
 from hare_perf.wire import parse_url
 from hare_perf.workers import ConsumerSpec, PublisherSpec, consumer_main, publisher_main
 
@@ -80,17 +80,17 @@ async def run_once(target: Target, count: int, size: int) -> dict[str, float]:
     await _rpc(target.url, commands.Queue.Declare(queue=queue, durable=True,
                                                   arguments=target.arguments))
     out: dict[str, float] = {}
-    crew = _Crew(_TIMEOUT_S)
+    crew = Crew(_TIMEOUT_S)
     try:
         i = crew.start(publisher_main, PublisherSpec(
             target.url, "", [queue], count, size, _TIMEOUT_S, persistent=True, confirms=True,
             max_inflight=1000), "publisher")
         await crew.ready([i])
-        cpu0, (busy0, _), wall0 = _cpu(target.pids), _machine_busy(), time.monotonic()
+        cpu0, (busy0, _), wall0 = process_cpu_s(target.pids), machine_busy(), time.monotonic()
         shipped0 = _shipped(target, queue)
         crew.go([i])
         r = await crew.result(i)
-        cpu1, (busy1, _), wall1 = _cpu(target.pids), _machine_busy(), time.monotonic()
+        cpu1, (busy1, _), wall1 = process_cpu_s(target.pids), machine_busy(), time.monotonic()
         shipped1 = _shipped(target, queue)
         out["publish msg_s"] = r["confirmed"] / max((r["t_done"] - r["t_start"]) / 1e9, 1e-9)
         out["publish broker us/msg"] = (cpu1 - cpu0) / count * 1e6
@@ -102,10 +102,10 @@ async def run_once(target: Target, count: int, size: int) -> dict[str, float]:
                                                    consume_on_go=True, timestamps=False),
                        "consumer")
         await crew.ready([j])
-        cpu0, (busy0, _), wall0 = _cpu(target.pids), _machine_busy(), time.monotonic()
+        cpu0, (busy0, _), wall0 = process_cpu_s(target.pids), machine_busy(), time.monotonic()
         crew.go([j])
         c = await crew.result(j)
-        cpu1, (busy1, _), wall1 = _cpu(target.pids), _machine_busy(), time.monotonic()
+        cpu1, (busy1, _), wall1 = process_cpu_s(target.pids), machine_busy(), time.monotonic()
         out["consume msg_s"] = c["delivered"] / max((c["t_last"] - c["t_go"]) / 1e9, 1e-9)
         out["consume broker us/msg"] = (cpu1 - cpu0) / count * 1e6
         out["consume others cores"] = max(0.0, (busy1 - busy0 - (cpu1 - cpu0))
@@ -157,12 +157,12 @@ class _SingleNode:
 async def _measure(targets: list[Target], args: argparse.Namespace) -> dict[str, list[float]]:
     results: dict[str, list[float]] = {}
     for r in range(args.rounds):
-        results.setdefault("loadavg", []).append(_loadavg())
+        results.setdefault("loadavg", []).append(loadavg())
         order = targets[r % len(targets):] + targets[:r % len(targets)]
         for t in order:
             for key, value in (await run_once(t, args.count, args.size)).items():
                 results.setdefault(f"{t.label}: {key}", []).append(value)
-    results.setdefault("loadavg", []).append(_loadavg())
+    results.setdefault("loadavg", []).append(loadavg())
     return results
 
 

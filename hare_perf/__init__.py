@@ -7,7 +7,9 @@ scanner.py  frame scanner for the consumer side (bytes in, counters out)
 wire.py     URL parsing, pamqp slow path, pre-encoded publish batches
 client.py   the raw asyncio client: handshake, RPC, back-pressure, connection.blocked
 workers.py  publisher / consumer / idle-connection processes
-scenarios.py the scenarios and their orchestration
+crew.py     worker orchestration: the crew of worker processes, the control connection
+host.py     host measurement: RSS, CPU time, what other processes use
+scenarios.py the scenario table and the scenarios
 report.py   text and JSON output
 cli.py      `hare-perf SCENARIO --url URL ...`
 suite.py    `python -m hare_perf.suite --url URL [--url URL2]` (all scenarios, side by side;

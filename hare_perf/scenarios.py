@@ -1,27 +1,22 @@
-"""The scenarios. The orchestrator (this process) declares each scenario's queues and
-exchanges under fresh names on a control connection, starts publisher and consumer processes,
-lines them up (all ready, then go), collects their timings, and deletes what it declared.
+"""The scenario table and the scenarios. Each declares its queues and exchanges on a control
+connection, starts publisher and consumer processes, lines them up (all ready, then go),
+collects their timings, and deletes what it declared (hare_perf/crew.py).
 
 A run returns flat figures (floats); `run_scenario` repeats it and keeps the medians."""
 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
-import os
 import statistics
 import time
-import uuid
 from array import array
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from typing import Any
 
-from pamqp import commands
-
-from hare_perf.client import AmqpClient, BrokerClosed, connect
+from hare_perf.client import BrokerClosed
+from hare_perf.crew import Control, Crew, with_control
+from hare_perf.host import cpu_snapshot, others_busy, settled_rss, wait_quiet
 from hare_perf.wire import parse_url
 from hare_perf.workers import (
     ConsumerSpec,
@@ -32,12 +27,8 @@ from hare_perf.workers import (
     publisher_main,
 )
 
-__all__ = ["QUIET_CORES", "SCENARIOS", "Params", "Report", "Scenario", "run_scenario", "wait_quiet"]
+__all__ = ["SCENARIOS", "Params", "Report", "Scenario", "run_scenario"]
 
-# spawn, not fork: the caller may be inside a running event loop (pytest, the broker's own
-# tests), and a forked child would inherit that loop's state
-_MP = multiprocessing.get_context("spawn")
-_SETTLE_S = 1.0  # before reading RSS: let the broker finish allocating and collecting
 
 
 @dataclass(slots=True)
@@ -79,144 +70,6 @@ class Report:
     median: dict[str, float] = field(default_factory=dict)
 
 
-# -- processes ----------------------------------------------------------------------------
-async def _recv(conn: Connection, timeout: float) -> tuple[str, Any]:
-    """A pipe message without blocking the loop (a broker may be running on this loop)."""
-    loop = asyncio.get_running_loop()
-    if not conn.poll():
-        ready: asyncio.Future[None] = loop.create_future()
-
-        def readable() -> None:
-            if not ready.done():
-                ready.set_result(None)
-
-        loop.add_reader(conn.fileno(), readable)
-        try:
-            await asyncio.wait_for(ready, timeout)
-        finally:
-            loop.remove_reader(conn.fileno())
-            # uvloop's add_reader made the fd non-blocking; recv below must wait for it all
-            os.set_blocking(conn.fileno(), True)
-    try:
-        message: tuple[str, Any] = conn.recv()
-    except EOFError:
-        return ("error", "worker exited without a word")
-    return message
-
-
-class _Crew:
-    """The worker processes of one run: started together, released together, always reaped."""
-
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self.members: list[tuple[BaseProcess, Connection, str]] = []
-
-    def start(self, target: Callable[[Connection, Any], None], spec: Any, role: str) -> int:
-        parent, child = _MP.Pipe()
-        proc = _MP.Process(target=target, args=(child, spec), name=f"hare-perf-{role}")
-        proc.start()
-        child.close()
-        self.members.append((proc, parent, role))
-        return len(self.members) - 1
-
-    async def _expect(self, index: int, kind: str) -> Any:
-        _, conn, role = self.members[index]
-        what, payload = await _recv(conn, self.timeout_s + 30.0)
-        if what == "error":
-            raise RuntimeError(f"{role}: {payload}")
-        if what != kind:
-            raise RuntimeError(f"{role}: expected {kind}, got {what}")
-        return payload
-
-    async def ready(self, indexes: list[int] | None = None) -> list[Any]:
-        indexes = list(range(len(self.members))) if indexes is None else indexes
-        return [await self._expect(i, "ready") for i in indexes]
-
-    def go(self, indexes: list[int] | None = None) -> None:
-        indexes = list(range(len(self.members))) if indexes is None else indexes
-        for i in indexes:
-            self.members[i][1].send("go")
-
-    async def result(self, index: int) -> dict[str, Any]:
-        result: dict[str, Any] = await self._expect(index, "result")
-        return result
-
-    async def close(self) -> None:
-        for proc, conn, _ in self.members:
-            deadline = time.monotonic() + 10.0
-            while proc.is_alive() and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
-            if proc.is_alive():
-                proc.terminate()
-            proc.join(5.0)
-            conn.close()
-        self.members.clear()
-
-
-# -- control connection -------------------------------------------------------------------
-class _Control:
-    """Declares and (always) deletes a run's queues and exchanges, under unique names."""
-
-    def __init__(self, client: AmqpClient, scenario: str) -> None:
-        self.client = client
-        self.prefix = f"hare-perf.{scenario}.{uuid.uuid4().hex[:8]}"
-        self.queues: list[str] = []
-        self.exchanges: list[str] = []
-
-    async def queue(self, suffix: str = "q", durable: bool = False) -> str:
-        name = f"{self.prefix}.{suffix}"
-        await self.client.rpc(1, commands.Queue.Declare(queue=name, durable=durable))
-        self.queues.append(name)
-        return name
-
-    async def stream(self, suffix: str = "s") -> str:
-        name = f"{self.prefix}.{suffix}"
-        await self.client.rpc(1, commands.Queue.Declare(
-            queue=name, durable=True, arguments={"x-queue-type": "stream"}))
-        self.queues.append(name)
-        return name
-
-    async def exchange(self, kind: str, suffix: str = "x") -> str:
-        name = f"{self.prefix}.{suffix}"
-        await self.client.rpc(1, commands.Exchange.Declare(exchange=name, exchange_type=kind))
-        self.exchanges.append(name)
-        return name
-
-    async def bind(self, queue: str, exchange: str, key: str) -> None:
-        await self.client.rpc(
-            1, commands.Queue.Bind(queue=queue, exchange=exchange, routing_key=key)
-        )
-
-    async def depth(self, queue: str) -> int:
-        reply = await self.client.rpc(1, commands.Queue.Declare(queue=queue, passive=True))
-        assert isinstance(reply, commands.Queue.DeclareOk)
-        return int(reply.message_count)
-
-    async def cleanup(self) -> None:
-        for queue in self.queues:
-            await self.client.rpc(1, commands.Queue.Delete(queue=queue), timeout=120.0)
-        for exchange in self.exchanges:
-            await self.client.rpc(1, commands.Exchange.Delete(exchange=exchange))
-
-
-async def _with_control(
-    p: Params, scenario: str, body: Callable[[_Control, _Crew], Awaitable[dict[str, float]]]
-) -> dict[str, float]:
-    client = await connect(parse_url(p.url), timestamps=False)
-    crew = _Crew(p.timeout_s)
-    try:
-        await client.open_channel(1)
-        control = _Control(client, scenario)
-        try:
-            return await body(control, crew)
-        finally:
-            await crew.close()
-            if not client.closed.done():
-                await control.cleanup()
-    finally:
-        await client.close()
-
-
 # -- figures ------------------------------------------------------------------------------
 def _rate(count: int, t0: int, t1: int) -> float:
     return count / max(t1 - t0, 1) * 1e9
@@ -243,76 +96,11 @@ def _cpu(*results: dict[str, Any]) -> dict[str, float]:
     return {"client_cpu": max(r["cpu_share"] for r in results)}
 
 
-def rss_kib(pid: int) -> int:
-    """VmRSS of a process from /proc (Linux), in KiB."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-_HZ = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_snapshot(pid: int | None) -> tuple[float, float, float, float] | None:
-    """(wall, machine busy, broker, us) in CPU seconds; None off Linux."""
-    try:
-        with open("/proc/stat") as stat:
-            fields = [int(x) for x in stat.readline().split()[1:]]
-        # user + nice + system: irq/softirq time (loopback TCP) is the benchmark's own, and
-        # is not charged to any process, so it must not count as someone else's
-        busy = (fields[0] + fields[1] + fields[2]) / _HZ
-        broker = 0.0
-        if pid:
-            with open(f"/proc/{pid}/stat") as proc:
-                tail = proc.read().rsplit(")", 1)[1].split()
-            broker = (int(tail[11]) + int(tail[12])) / _HZ  # utime, stime
-    except (OSError, ValueError, IndexError):
-        return None
-    t = os.times()  # our own CPU and that of the workers we have joined
-    return time.monotonic(), busy, broker, t.user + t.system + t.children_user + t.children_system
-
-
-def _others_busy(
-    before: tuple[float, float, float, float] | None,
-    after: tuple[float, float, float, float] | None,
-) -> dict[str, float]:
-    """Cores kept busy by neither the broker nor hare-perf during a run (a shared machine's
-    noise). Only meaningful with --pid; without it the broker counts as "others"."""
-    if before is None or after is None:
-        return {}
-    wall, busy, broker, ours = (a - b for a, b in zip(after, before, strict=True))
-    others = {"others_cpu": max(0.0, (busy - broker - ours) / max(wall, 1e-9))}
-    return {"broker_cpu": broker / max(wall, 1e-9), **others} if broker else others
-
-
-QUIET_CORES = 0.2
-
-
-async def wait_quiet(pid: int | None, limit_s: float) -> float:
-    """Wait until other processes used under QUIET_CORES for one second, or `limit_s` has
-    passed; returns what they used in the last second. On a shared machine this keeps a
-    colleague's test run out of the figures."""
-    deadline = time.monotonic() + limit_s
-    while True:
-        before = _cpu_snapshot(pid)
-        await asyncio.sleep(1.0)
-        others = _others_busy(before, _cpu_snapshot(pid)).get("others_cpu", 0.0)
-        if others < QUIET_CORES or time.monotonic() >= deadline:
-            return others
-
-
-async def _settled_rss(pid: int) -> int:
-    await asyncio.sleep(_SETTLE_S)
-    return rss_kib(pid)
-
-
 def _publisher(p: Params, exchange: str, keys: list[str], **kw: Any) -> PublisherSpec:
     return PublisherSpec(p.url, exchange, keys, p.count, p.size, p.timeout_s, **kw)
 
 
-async def _fill(crew: _Crew, p: Params, queue: str) -> dict[str, Any]:
+async def _fill(crew: Crew, p: Params, queue: str) -> dict[str, Any]:
     """Publish p.count messages to `queue` and wait until the broker holds them all."""
     pub = crew.start(publisher_main, _publisher(p, "", [queue], wait_queue=queue), "filler")
     await crew.ready([pub])
@@ -322,7 +110,7 @@ async def _fill(crew: _Crew, p: Params, queue: str) -> dict[str, Any]:
 
 # -- the scenarios ------------------------------------------------------------------------
 async def publish_only(p: Params) -> dict[str, float]:
-    async def body(ctl: _Control, crew: _Crew) -> dict[str, float]:
+    async def body(ctl: Control, crew: Crew) -> dict[str, float]:
         queue = await ctl.queue()
         r = await _fill(crew, p, queue)
         return {
@@ -333,11 +121,11 @@ async def publish_only(p: Params) -> dict[str, float]:
             "delivered": float(await ctl.depth(queue)),
         }
 
-    return await _with_control(p, "publish-only", body)
+    return await with_control(p.url, p.timeout_s, "publish-only", body)
 
 
 async def drain(p: Params) -> dict[str, float]:
-    async def body(ctl: _Control, crew: _Crew) -> dict[str, float]:
+    async def body(ctl: Control, crew: Crew) -> dict[str, float]:
         queue = await ctl.queue()
         await _fill(crew, p, queue)
         # timestamps off: a backlog's age says nothing about the broker
@@ -355,11 +143,11 @@ async def drain(p: Params) -> dict[str, float]:
             "delivered": r["delivered"],
         }
 
-    return await _with_control(p, "drain", body)
+    return await with_control(p.url, p.timeout_s, "drain", body)
 
 
 async def _pubsub(p: Params, scenario: str, rate: float) -> dict[str, float]:
-    async def body(ctl: _Control, crew: _Crew) -> dict[str, float]:
+    async def body(ctl: Control, crew: Crew) -> dict[str, float]:
         queue = await ctl.queue()
         con = crew.start(
             consumer_main, ConsumerSpec(p.url, [queue], [p.count], p.timeout_s), "consumer"
@@ -377,7 +165,7 @@ async def _pubsub(p: Params, scenario: str, rate: float) -> dict[str, float]:
             "delivered": rc["delivered"],
         }
 
-    return await _with_control(p, scenario, body)
+    return await with_control(p.url, p.timeout_s, scenario, body)
 
 
 async def pubsub(p: Params) -> dict[str, float]:
@@ -393,7 +181,7 @@ _TOPIC_GROUPS = 5  # queue i is bound to group i % 5, so each message reaches 10
 
 
 async def topic(p: Params) -> dict[str, float]:
-    async def body(ctl: _Control, crew: _Crew) -> dict[str, float]:
+    async def body(ctl: Control, crew: Crew) -> dict[str, float]:
         exchange = await ctl.exchange("topic")
         queues = [await ctl.queue(f"q{i}") for i in range(_TOPIC_QUEUES)]
         for i, queue in enumerate(queues):
@@ -422,15 +210,15 @@ async def topic(p: Params) -> dict[str, float]:
             "delivered": rc["delivered"],
         }
 
-    return await _with_control(p, "topic", body)
+    return await with_control(p.url, p.timeout_s, "topic", body)
 
 
 async def idle_connections(p: Params) -> dict[str, float]:
-    async def body(ctl: _Control, crew: _Crew) -> dict[str, float]:
-        before = await _settled_rss(p.pid) if p.pid else 0
+    async def body(ctl: Control, crew: Crew) -> dict[str, float]:
+        before = await settled_rss(p.pid) if p.pid else 0
         idle = crew.start(idle_main, IdleSpec(p.url, p.connections, p.timeout_s), "idle")
         (info,) = await crew.ready([idle])
-        after = await _settled_rss(p.pid) if p.pid else 0
+        after = await settled_rss(p.pid) if p.pid else 0
         crew.go([idle])
         r = await crew.result(idle)
         figures = {
@@ -442,11 +230,11 @@ async def idle_connections(p: Params) -> dict[str, float]:
             figures = {"kib_per_conn": (after - before) / p.connections, **figures}
         return figures
 
-    return await _with_control(p, "idle", body)
+    return await with_control(p.url, p.timeout_s, "idle", body)
 
 
 async def persistent_confirms(p: Params) -> dict[str, float]:
-    async def body(ctl: _Control, crew: _Crew) -> dict[str, float]:
+    async def body(ctl: Control, crew: Crew) -> dict[str, float]:
         queue = await ctl.queue(durable=True)
         spec = _publisher(p, "", [queue], persistent=True, confirms=True, max_inflight=1000)
         pub = crew.start(publisher_main, spec, "publisher")
@@ -460,15 +248,15 @@ async def persistent_confirms(p: Params) -> dict[str, float]:
             "delivered": float(r["confirmed"]),
         }
 
-    return await _with_control(p, "persistent", body)
+    return await with_control(p.url, p.timeout_s, "persistent", body)
 
 
 async def backlog_memory(p: Params) -> dict[str, float]:
-    async def body(ctl: _Control, crew: _Crew) -> dict[str, float]:
+    async def body(ctl: Control, crew: Crew) -> dict[str, float]:
         queue = await ctl.queue()
-        before = await _settled_rss(p.pid) if p.pid else 0
+        before = await settled_rss(p.pid) if p.pid else 0
         r = await _fill(crew, p, queue)
-        after = await _settled_rss(p.pid) if p.pid else 0
+        after = await settled_rss(p.pid) if p.pid else 0
         spec = ConsumerSpec(
             p.url, [queue], [p.count], p.timeout_s, consume_on_go=True, timestamps=False
         )
@@ -488,21 +276,21 @@ async def backlog_memory(p: Params) -> dict[str, float]:
             figures = {"bytes_per_msg": (after - before) * 1024 / p.count, **figures}
         return figures
 
-    return await _with_control(p, "backlog", body)
+    return await with_control(p.url, p.timeout_s, "backlog", body)
 
 
 async def stream(p: Params) -> dict[str, float]:
     """A stream queue: publish with confirms (1000 in flight), the broker's RSS holding it,
     then one consumer replaying it from the first offset (prefetch 1000, ack every 500)."""
-    async def body(ctl: _Control, crew: _Crew) -> dict[str, float]:
+    async def body(ctl: Control, crew: Crew) -> dict[str, float]:
         queue = await ctl.stream()
-        before = await _settled_rss(p.pid) if p.pid else 0
+        before = await settled_rss(p.pid) if p.pid else 0
         spec = _publisher(p, "", [queue], persistent=True, confirms=True, max_inflight=1000)
         pub = crew.start(publisher_main, spec, "publisher")
         await crew.ready([pub])
         crew.go([pub])
         r = await crew.result(pub)
-        held = await _settled_rss(p.pid) if p.pid else 0
+        held = await settled_rss(p.pid) if p.pid else 0
         con = crew.start(consumer_main, ConsumerSpec(
             p.url, [queue], [p.count], p.timeout_s, ack_every=500, consume_on_go=True,
             timestamps=False, arguments={"x-stream-offset": "first"}), "consumer")
@@ -520,13 +308,13 @@ async def stream(p: Params) -> dict[str, float]:
             figures = {**figures, "rss_mib": held / 1024, "rss_growth_mib": (held - before) / 1024}
         return figures
 
-    return await _with_control(p, "stream", body)
+    return await with_control(p.url, p.timeout_s, "stream", body)
 
 
 _NO_END = 1 << 62  # a steady consumer's "expected": it stops at the window's end instead
 
 
-def _depths(ctl: _Control, queues: list[str]) -> Awaitable[list[int]]:
+def _depths(ctl: Control, queues: list[str]) -> Awaitable[list[int]]:
     return asyncio.gather(*(ctl.depth(q) for q in queues))
 
 
@@ -535,7 +323,7 @@ async def _steady(p: Params, scenario: str, queues: int, persistent: bool) -> di
     what the consumers received per second in it, what the publishers wrote, the latency of
     what was received, and the messages the queues held at the end (sampled every second)."""
 
-    async def body(ctl: _Control, crew: _Crew) -> dict[str, float]:
+    async def body(ctl: Control, crew: Crew) -> dict[str, float]:
         names = [await ctl.queue(f"q{i}", durable=persistent) for i in range(queues)]
         spec = ConsumerSpec(p.url, names, [_NO_END] * queues, p.timeout_s,
                             duration_s=p.duration_s)
@@ -574,7 +362,7 @@ async def _steady(p: Params, scenario: str, queues: int, persistent: bool) -> di
             "received": float(rc["delivered"]),
         }
 
-    return await _with_control(p, scenario, body)
+    return await with_control(p.url, p.timeout_s, scenario, body)
 
 
 async def steady(p: Params) -> dict[str, float]:
@@ -761,7 +549,7 @@ async def run_scenario(
 ) -> Report:
     """Run a scenario `runs` times and keep per-figure medians. For `idle`, count is the
     number of connections. With `wait_quiet_s`, each run first waits (at most that long) for
-    a second in which other processes keep less than QUIET_CORES busy."""
+    a second in which other processes keep less than host.QUIET_CORES busy."""
     scenario = SCENARIOS[name]
     n = count if count is not None else (scenario.quick_count if quick else scenario.count)
     if duration_s is None or not scenario.duration_s:
@@ -784,12 +572,12 @@ async def run_scenario(
     for _ in range(max(1, runs)):
         if wait_quiet_s > 0:
             await wait_quiet(pid, wait_quiet_s)
-        before = _cpu_snapshot(pid)
+        before = cpu_snapshot(pid)
         try:
             figures = await scenario.run(params)
         except BrokerClosed as exc:
             raise RuntimeError(f"{name}: {exc}") from exc
-        report.runs.append({**figures, **_others_busy(before, _cpu_snapshot(pid))})
+        report.runs.append({**figures, **others_busy(before, cpu_snapshot(pid))})
     keys = [k for k in report.runs[0] if all(k in run for run in report.runs)]
     report.median = {k: float(statistics.median(run[k] for run in report.runs)) for k in keys}
     return report
