@@ -169,6 +169,42 @@ def test_message_ttl(ch):
     ch.queue_delete(name)
 
 
+def test_max_length_bytes_drops_from_the_head(ch):
+    """x-max-length-bytes counts body bytes; past it the oldest go (drop-head, the default)."""
+    name = qname()
+    ch.queue_declare(name, durable=True, arguments={**QUORUM, "x-max-length-bytes": 10})
+    for i in range(5):
+        ch.basic_publish("", name, b"m%03d" % i)  # 4 bytes each: two fit
+    assert ch.queue_declare(name, passive=True).method.message_count == 2
+    bodies = [ch.basic_get(name, auto_ack=True)[2] for _ in range(2)]
+    assert bodies == [b"m003", b"m004"]
+    ch.queue_delete(name)
+
+
+def test_max_length_bytes_with_reject_publish(ch):
+    name = qname()
+    ch.queue_declare(name, durable=True, arguments={**QUORUM, "x-max-length-bytes": 10,
+                                                    "x-overflow": "reject-publish"})
+    ch.basic_publish("", name, b"abcd")
+    ch.basic_publish("", name, b"efgh")
+    with pytest.raises(NackError):
+        ch.basic_publish("", name, b"ijkl")
+    assert ch.queue_declare(name, passive=True).method.message_count == 2
+    ch.queue_delete(name)
+
+
+def test_per_message_expiration(ch):
+    """A message's own expiration property: it goes once expired, the others stay."""
+    name = qname()
+    ch.queue_declare(name, durable=True, arguments=QUORUM)
+    ch.basic_publish("", name, b"gone", pika.BasicProperties(expiration="50"))
+    ch.basic_publish("", name, b"kept")
+    time.sleep(0.2)
+    assert ch.basic_get(name, auto_ack=True)[2] == b"kept"
+    assert ch.basic_get(name)[0] is None
+    ch.queue_delete(name)
+
+
 def test_redeclare_compares_quorum_arguments(ch, pika_conns):
     name = qname()
     ch.queue_declare(name, durable=True, arguments={**QUORUM, "x-delivery-limit": 2})
