@@ -405,6 +405,50 @@ def test_grow_and_shrink(trio: Trio) -> None:
     assert refused.returncode != 0 and "not a member of the cluster" in refused.stderr
 
 
+def test_leader_locator_and_group_size(trio: Trio) -> None:
+    """x-queue-leader-locator balanced leads a new quorum queue on the running node with the
+    fewest queues, not the declaring one (client-local, the default, is the declaring one);
+    without x-quorum-initial-group-size a queue gets 3 members, or the running nodes if
+    fewer."""
+    def counts() -> dict[str, int]:
+        per = {n.name: 0 for n in trio.nodes.values()}
+        for q in trio["a"].get("/api/queues/%2F"):
+            if q["node"] in per:
+                per[q["node"]] += 1
+        return per
+
+    per = counts()
+    busiest = trio.by_name(max(per, key=lambda n: (per[n], n)))
+    conn = pika.BlockingConnection(pika.URLParameters(busiest.url))
+    ch = conn.channel()
+    ch.queue_declare("loc.classic", durable=True)  # the declaring node: more than the fewest
+    conn.close()
+    per = counts()
+    fewest = {n for n, c in per.items() if c == min(per.values())}
+    assert busiest.name not in fewest
+    declare(busiest, "loc.local")
+    assert qinfo(busiest, "loc.local")["leader"] == busiest.name
+    declare(busiest, "loc.balanced", **{"x-queue-leader-locator": "balanced"})
+    info = wait_for(lambda: qinfo(busiest, "loc.balanced"), what="loc.balanced")
+    assert info["leader"] in fewest, (info["leader"], fewest)
+    assert len(info["members"]) == 3
+    delete(busiest, "loc.classic", "loc.local", "loc.balanced")
+    c = trio["c"]
+    c.kill()
+    down_for_cluster(trio, c)
+    declare(trio["a"], "loc.two")
+    assert sorted(qinfo(trio["a"], "loc.two")["members"]) == ["qq-a", "qq-b"]
+    delete(trio["a"], "loc.two")
+
+
+def delete(node: ClusterNode, *names: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(node.url))
+    ch = conn.channel()
+    for name in names:
+        ch.queue_delete(name)
+    conn.close()
+
+
 def test_nemesis_short(trio: Trio) -> None:
     """Guarantee 5, short: see tests/cluster/nemesis.py (the long run is `make nemesis`)."""
     from .nemesis import run_nemesis
