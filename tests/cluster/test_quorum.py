@@ -372,7 +372,8 @@ def test_partitioned_leader_steps_down(trio: Trio) -> None:
 def test_grow_and_shrink(trio: Trio) -> None:
     """hare-ctl grow adds a member, which the leader copies the queue to before it counts;
     delete_member of the leader moves the lead to a remaining member holding every message;
-    shrink takes a node out of every quorum queue; a removed member's files go."""
+    shrink takes a node out of every quorum queue; a removed member's files go; add_member
+    brings one back."""
     from broker.store import layout
 
     from .helpers import ctl
@@ -401,6 +402,10 @@ def test_grow_and_shrink(trio: Trio) -> None:
     assert all("qq-c" not in (qinfo(a, q) or {}).get("members", [])
                for q in ("q.g1", "q.g2", "q.g4"))
     assert drain(trio["b"], name) == bodies
+    done = ctl(a, "add_member", name, "qq-a")  # a member again: copied, then it counts
+    assert done.returncode == 0, done.stderr
+    assert sorted(qinfo(a, name)["members"]) == ["qq-a", "qq-b"]
+    caught_up(trio, name, members=2)
     refused = ctl(a, "add_member", name, "qq-nowhere")
     assert refused.returncode != 0 and "not a member of the cluster" in refused.stderr
 
