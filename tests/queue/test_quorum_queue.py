@@ -205,6 +205,44 @@ def test_per_message_expiration(ch):
     ch.queue_delete(name)
 
 
+def test_expires_deletes_an_unused_queue(pika_conns):
+    """x-expires (CLUSTER.md lists it among what a quorum queue takes): unused, it goes."""
+    ch = pika_conns().channel()
+    name = qname()
+    ch.queue_declare(name, durable=True, arguments={**QUORUM, "x-expires": 300})
+    deadline = time.monotonic() + 30
+    while True:
+        probe = pika_conns().channel()
+        try:
+            probe.queue_declare(name, passive=True)
+        except ChannelClosedByBroker as err:
+            assert err.reply_code == 404
+            break
+        assert time.monotonic() < deadline, "the queue did not expire"
+        time.sleep(1.0)  # past x-expires: a passive declare might count as a use
+
+
+def test_consumer_priorities(pika_conns):
+    """x-priority on basic.consume: the higher consumer gets the messages while it has room
+    (CLUSTER.md: consumer priorities, as RabbitMQ's quorum queues)."""
+    conn = pika_conns()
+    ch = conn.channel()
+    name = qname()
+    ch.queue_declare(name, durable=True, arguments=QUORUM)
+    got: dict[str, list[bytes]] = {"low": [], "high": []}
+    ch.basic_consume(name, lambda c, m, p, b: got["low"].append(b), auto_ack=True,
+                     consumer_tag="low", arguments={"x-priority": 0})
+    ch.basic_consume(name, lambda c, m, p, b: got["high"].append(b), auto_ack=True,
+                     consumer_tag="high", arguments={"x-priority": 10})
+    for i in range(6):
+        ch.basic_publish("", name, str(i).encode())
+    deadline = time.monotonic() + 10
+    while len(got["high"]) + len(got["low"]) < 6 and time.monotonic() < deadline:
+        conn.process_data_events(0.05)
+    assert got == {"low": [], "high": [str(i).encode() for i in range(6)]}
+    ch.queue_delete(name)
+
+
 def test_redeclare_compares_quorum_arguments(ch, pika_conns):
     name = qname()
     ch.queue_declare(name, durable=True, arguments={**QUORUM, "x-delivery-limit": 2})
