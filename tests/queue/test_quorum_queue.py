@@ -304,6 +304,29 @@ def test_management_and_policies(tmp_path):
         b.stop()
 
 
+def test_a_policys_overflow_wins_over_the_argument(tmp_path):
+    """For a quorum queue a policy's overflow wins over x-overflow (rabbit_quorum_queue's
+    rule; for a classic queue the argument wins), so reject-publish from a policy nacks."""
+    b = MgmtBroker(tmp_path / "data").start()
+    try:
+        status, _ = b.api("PUT", "/api/policies/%2F/reject", {
+            "pattern": "^capped$", "apply-to": "queues",
+            "definition": {"overflow": "reject-publish"}})
+        assert status in (201, 204)
+        conn = pika.BlockingConnection(pika.URLParameters(b.url))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("capped", durable=True, arguments={
+            **QUORUM, "x-max-length": 1, "x-overflow": "drop-head"})
+        ch.basic_publish("", "capped", b"1")
+        with pytest.raises(NackError):
+            ch.basic_publish("", "capped", b"2")
+        assert ch.basic_get("capped", auto_ack=True)[2] == b"1"
+        conn.close()
+    finally:
+        b.stop()
+
+
 @pytest.mark.parametrize("clean", [True, False])
 def test_restart_keeps_confirmed_messages_and_counts(fresh_broker, clean):
     """Every confirmed message survives a clean stop and kill -9; a message a consumer held
