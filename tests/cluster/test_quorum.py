@@ -372,7 +372,8 @@ def test_partitioned_leader_steps_down(trio: Trio) -> None:
 def test_grow_and_shrink(trio: Trio) -> None:
     """hare-ctl grow adds a member, which the leader copies the queue to before it counts;
     delete_member of the leader moves the lead to a remaining member holding every message;
-    shrink takes a node out of every quorum queue; a removed member's files go."""
+    shrink takes a node out of every quorum queue; a removed member's files go; add_member
+    brings one back."""
     from broker.store import layout
 
     from .helpers import ctl
@@ -401,8 +402,56 @@ def test_grow_and_shrink(trio: Trio) -> None:
     assert all("qq-c" not in (qinfo(a, q) or {}).get("members", [])
                for q in ("q.g1", "q.g2", "q.g4"))
     assert drain(trio["b"], name) == bodies
+    done = ctl(a, "add_member", name, "qq-a")  # a member again: copied, then it counts
+    assert done.returncode == 0, done.stderr
+    assert sorted(qinfo(a, name)["members"]) == ["qq-a", "qq-b"]
+    caught_up(trio, name, members=2)
     refused = ctl(a, "add_member", name, "qq-nowhere")
     assert refused.returncode != 0 and "not a member of the cluster" in refused.stderr
+
+
+def test_leader_locator_and_group_size(trio: Trio) -> None:
+    """x-queue-leader-locator balanced leads a new quorum queue on the running node with the
+    fewest queues, not the declaring one (client-local, the default, is the declaring one);
+    without x-quorum-initial-group-size a queue gets 3 members, or the running nodes if
+    fewer."""
+    def counts() -> dict[str, int]:
+        per = {n.name: 0 for n in trio.nodes.values()}
+        for q in trio["a"].get("/api/queues/%2F"):
+            if q["node"] in per:
+                per[q["node"]] += 1
+        return per
+
+    per = counts()
+    busiest = trio.by_name(max(per, key=lambda n: (per[n], n)))
+    conn = pika.BlockingConnection(pika.URLParameters(busiest.url))
+    ch = conn.channel()
+    ch.queue_declare("loc.classic", durable=True)  # the declaring node: more than the fewest
+    conn.close()
+    per = counts()
+    fewest = {n for n, c in per.items() if c == min(per.values())}
+    assert busiest.name not in fewest
+    declare(busiest, "loc.local")
+    assert qinfo(busiest, "loc.local")["leader"] == busiest.name
+    declare(busiest, "loc.balanced", **{"x-queue-leader-locator": "balanced"})
+    info = wait_for(lambda: qinfo(busiest, "loc.balanced"), what="loc.balanced")
+    assert info["leader"] in fewest, (info["leader"], fewest)
+    assert len(info["members"]) == 3
+    delete(busiest, "loc.classic", "loc.local", "loc.balanced")
+    c = trio["c"]
+    c.kill()
+    down_for_cluster(trio, c)
+    declare(trio["a"], "loc.two")
+    assert sorted(qinfo(trio["a"], "loc.two")["members"]) == ["qq-a", "qq-b"]
+    delete(trio["a"], "loc.two")
+
+
+def delete(node: ClusterNode, *names: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(node.url))
+    ch = conn.channel()
+    for name in names:
+        ch.queue_delete(name)
+    conn.close()
 
 
 def test_nemesis_short(trio: Trio) -> None:

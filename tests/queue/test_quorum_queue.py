@@ -169,6 +169,80 @@ def test_message_ttl(ch):
     ch.queue_delete(name)
 
 
+def test_max_length_bytes_drops_from_the_head(ch):
+    """x-max-length-bytes counts body bytes; past it the oldest go (drop-head, the default)."""
+    name = qname()
+    ch.queue_declare(name, durable=True, arguments={**QUORUM, "x-max-length-bytes": 10})
+    for i in range(5):
+        ch.basic_publish("", name, b"m%03d" % i)  # 4 bytes each: two fit
+    assert ch.queue_declare(name, passive=True).method.message_count == 2
+    bodies = [ch.basic_get(name, auto_ack=True)[2] for _ in range(2)]
+    assert bodies == [b"m003", b"m004"]
+    ch.queue_delete(name)
+
+
+def test_max_length_bytes_with_reject_publish(ch):
+    name = qname()
+    ch.queue_declare(name, durable=True, arguments={**QUORUM, "x-max-length-bytes": 10,
+                                                    "x-overflow": "reject-publish"})
+    ch.basic_publish("", name, b"abcd")
+    ch.basic_publish("", name, b"efgh")
+    with pytest.raises(NackError):
+        ch.basic_publish("", name, b"ijkl")
+    assert ch.queue_declare(name, passive=True).method.message_count == 2
+    ch.queue_delete(name)
+
+
+def test_per_message_expiration(ch):
+    """A message's own expiration property: it goes once expired, the others stay."""
+    name = qname()
+    ch.queue_declare(name, durable=True, arguments=QUORUM)
+    ch.basic_publish("", name, b"gone", pika.BasicProperties(expiration="50"))
+    ch.basic_publish("", name, b"kept")
+    time.sleep(0.2)
+    assert ch.basic_get(name, auto_ack=True)[2] == b"kept"
+    assert ch.basic_get(name)[0] is None
+    ch.queue_delete(name)
+
+
+def test_expires_deletes_an_unused_queue(pika_conns):
+    """x-expires (CLUSTER.md lists it among what a quorum queue takes): unused, it goes."""
+    ch = pika_conns().channel()
+    name = qname()
+    ch.queue_declare(name, durable=True, arguments={**QUORUM, "x-expires": 300})
+    deadline = time.monotonic() + 30
+    while True:
+        probe = pika_conns().channel()
+        try:
+            probe.queue_declare(name, passive=True)
+        except ChannelClosedByBroker as err:
+            assert err.reply_code == 404
+            break
+        assert time.monotonic() < deadline, "the queue did not expire"
+        time.sleep(1.0)  # past x-expires: a passive declare might count as a use
+
+
+def test_consumer_priorities(pika_conns):
+    """x-priority on basic.consume: the higher consumer gets the messages while it has room
+    (CLUSTER.md: consumer priorities, as RabbitMQ's quorum queues)."""
+    conn = pika_conns()
+    ch = conn.channel()
+    name = qname()
+    ch.queue_declare(name, durable=True, arguments=QUORUM)
+    got: dict[str, list[bytes]] = {"low": [], "high": []}
+    ch.basic_consume(name, lambda c, m, p, b: got["low"].append(b), auto_ack=True,
+                     consumer_tag="low", arguments={"x-priority": 0})
+    ch.basic_consume(name, lambda c, m, p, b: got["high"].append(b), auto_ack=True,
+                     consumer_tag="high", arguments={"x-priority": 10})
+    for i in range(6):
+        ch.basic_publish("", name, str(i).encode())
+    deadline = time.monotonic() + 10
+    while len(got["high"]) + len(got["low"]) < 6 and time.monotonic() < deadline:
+        conn.process_data_events(0.05)
+    assert got == {"low": [], "high": [str(i).encode() for i in range(6)]}
+    ch.queue_delete(name)
+
+
 def test_redeclare_compares_quorum_arguments(ch, pika_conns):
     name = qname()
     ch.queue_declare(name, durable=True, arguments={**QUORUM, "x-delivery-limit": 2})
@@ -225,6 +299,29 @@ def test_management_and_policies(tmp_path):
             counts.append(got[1].headers["x-delivery-count"])
             ch.basic_nack(got[0].delivery_tag, requeue=True)
         assert counts == [0, 1]  # the policy's 1, not the argument's 5
+        conn.close()
+    finally:
+        b.stop()
+
+
+def test_a_policys_overflow_wins_over_the_argument(tmp_path):
+    """For a quorum queue a policy's overflow wins over x-overflow (rabbit_quorum_queue's
+    rule; for a classic queue the argument wins), so reject-publish from a policy nacks."""
+    b = MgmtBroker(tmp_path / "data").start()
+    try:
+        status, _ = b.api("PUT", "/api/policies/%2F/reject", {
+            "pattern": "^capped$", "apply-to": "queues",
+            "definition": {"overflow": "reject-publish"}})
+        assert status in (201, 204)
+        conn = pika.BlockingConnection(pika.URLParameters(b.url))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("capped", durable=True, arguments={
+            **QUORUM, "x-max-length": 1, "x-overflow": "drop-head"})
+        ch.basic_publish("", "capped", b"1")
+        with pytest.raises(NackError):
+            ch.basic_publish("", "capped", b"2")
+        assert ch.basic_get("capped", auto_ack=True)[2] == b"1"
         conn.close()
     finally:
         b.stop()

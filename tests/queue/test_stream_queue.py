@@ -340,6 +340,27 @@ def test_retention_drops_whole_segments_from_the_head(broker: BrokerProc) -> Non
     assert consume(url, "st.retention", 0, n=1)[0][0] == first
 
 
+def test_max_age_drops_old_segments_even_while_nobody_writes(broker: BrokerProc) -> None:
+    """x-max-age on the queue: whole segments whose newest message is older go from the
+    head, on the log's timer as well as on a roll; the segment being written stays."""
+    url = broker.url
+    conn = connect(url)
+    declare(conn.channel(), "st.age", **{"x-max-age": "2s",
+                                         "x-stream-max-segment-size-bytes": 2000})
+    conn.close()
+    for k in range(5):  # chunks of about 1,000 bytes: a segment every two
+        publish_batch(url, "st.age", [b"%03d" % (k * 10 + i) + b"." * 97 for i in range(10)])
+    publish(url, "st.age", [b"050"])  # confirmed: every chunk is in
+    deadline = time.monotonic() + 60
+    while consume(url, "st.age", "first", n=1)[0][0] == 0:
+        assert time.monotonic() < deadline, "no segment aged out"
+        time.sleep(0.5)
+    got = consume(url, "st.age", "first")
+    first = got[0][0]
+    assert first > 0 and [o for o, _, _ in got] == list(range(first, 51))
+    assert got[0][1].startswith(b"%03d" % first)
+
+
 def test_management_api_and_list_queues_show_offsets_and_size(tmp_path: Path) -> None:
     b = MgmtBroker(tmp_path / "data").start()
     try:
