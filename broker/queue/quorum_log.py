@@ -7,7 +7,7 @@ turn) and a list of operations on the queue's state: PUB (seq_id, msg_id, encode
 ACK (seq_ids leave), COUNT (seq_id -> its delivery state, absolute: returns << 1 | 1 while a
 consumer holds it). Every operation sets the state of one seq_id, so applying a batch twice, or
 a batch on a state that already holds part of it, gives the same state: a member can always
-be brought to the leader's state by a diff (broker/cluster/quorum_sync.py), never needs the
+be brought to the leader's state by a diff (broker/cluster/quorum_leader.py), never needs the
 leader's old batches, and its index is its log.
 
 The leader writes through the same calls when it takes a publish (before the majority has it)
