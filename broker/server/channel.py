@@ -781,6 +781,8 @@ class Channel:
             self._tx_acks.append(("ack", tag, multiple, False))
             return
         records = self._take_unacked(tag, multiple)
+        if not records:  # multiple with tag 0 and nothing outstanding: RabbitMQ says nothing
+            return
         queue, _, consumer = records[-1]
         if consumer is not None and consumer.waiting_on_us(tag or self.next_tag, TICKS.read()):
             queue.consumer_waiting()
