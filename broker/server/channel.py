@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-from collections import OrderedDict
 from collections.abc import Awaitable
 from inspect import isawaitable
 from typing import TYPE_CHECKING, Any
@@ -54,7 +53,9 @@ from broker.protocol.properties import (
 from broker.queue.arguments import consumer_priority
 from broker.queue.consumer import Consumer
 from broker.routing.router import may_have_cc, routing_keys
+from broker.server.confirms import Confirms
 from broker.server.direct_reply import REPLY_PREFIX, REPLY_QUEUE, may_reply_to
+from broker.server.unacked import Unacked
 
 if TYPE_CHECKING:
     from broker.queue.amqqueue import AMQQueue
@@ -91,9 +92,7 @@ class Channel:
         # publishing
         self.confirm = False
         self.publish_seq = 0
-        self.unconfirmed: OrderedDict[int, int] = OrderedDict()
-        self._acks: list[int] = []
-        self._nacks: list[int] = []
+        self.confirms = Confirms()
         self._confirm_flush_scheduled = False
         self._batch: dict[AMQQueue, list[tuple[Message, int]]] = {}
         self._mandatory: dict[Message, int] = {}  # this batch's mandatory publishes: queues
@@ -112,7 +111,7 @@ class Channel:
         # direct reply-to: (consumer tag, the tag as a shortstr, reply name) while consuming
         # from amq.rabbitmq.reply-to
         self.reply_consumer: tuple[str, bytes, str] | None = None
-        self.unacked: OrderedDict[int, tuple[AMQQueue, int, Consumer | None]] = OrderedDict()
+        self.unacked: Unacked[tuple[AMQQueue, int, Consumer | None]] = Unacked()
         self.next_tag = 1
         self.prefetch_count = 0  # applies to consumers created after basic.qos(global=false)
         self.global_prefetch = 0
@@ -278,9 +277,8 @@ class Channel:
         self.consumers.clear()
         self._stop_replies()
         by_queue: dict[AMQQueue, list[int]] = {}
-        for queue, seq, _ in self.unacked.values():
+        for queue, seq, _ in self.unacked.take_all():
             by_queue.setdefault(queue, []).append(seq)
-        self.unacked.clear()
         self.consumer_unacked = 0
         for queue, seqs in by_queue.items():
             queue.requeue(seqs)
@@ -729,29 +727,6 @@ class Channel:
             q.wake()
 
     # -- acks from the client ---------------------------------------------------------------
-    def _take_unacked(self, tag: int, multiple: bool) -> list[tuple[AMQQueue, int, Any]]:
-        unacked = self.unacked
-        if multiple:
-            out = []
-            if tag == 0:
-                out = list(unacked.values())
-                unacked.clear()
-            else:
-                if tag not in unacked:  # RabbitMQ's collect_acks: the tag itself must be known
-                    raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-                popitem = unacked.popitem
-                append = out.append
-                while True:  # tags are in order and `tag` is among them: pop up to it
-                    first, record = popitem(last=False)
-                    append(record)
-                    if first == tag:
-                        break
-            return out
-        record = unacked.pop(tag, None)
-        if record is None:
-            raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-        return [record]
-
     def _settle(self, records: list[tuple[AMQQueue, int, Any]], action: str, requeue: bool) -> None:
         by_queue: dict[AMQQueue, list[int]] = {}
         freed = 0
@@ -777,10 +752,10 @@ class Channel:
 
     def _on_ack(self, tag: int, multiple: bool) -> None:
         if self.tx:
-            self._tx_check(tag, multiple)
+            self.unacked.check(tag, multiple)
             self._tx_acks.append(("ack", tag, multiple, False))
             return
-        records = self._take_unacked(tag, multiple)
+        records = self.unacked.take(tag, multiple)
         if not records:  # multiple with tag 0 and nothing outstanding: RabbitMQ says nothing
             return
         queue, _, consumer = records[-1]
@@ -793,17 +768,17 @@ class Channel:
 
     def _basic_nack(self, m: commands.Basic.Nack) -> None:
         if self.tx:
-            self._tx_check(m.delivery_tag, m.multiple)
+            self.unacked.check(m.delivery_tag, m.multiple)
             self._tx_acks.append(("reject", m.delivery_tag, m.multiple, m.requeue))
             return
-        self._settle(self._take_unacked(m.delivery_tag, m.multiple), "reject", m.requeue)
+        self._settle(self.unacked.take(m.delivery_tag, m.multiple), "reject", m.requeue)
 
     def _basic_reject(self, m: commands.Basic.Reject) -> None:
         if self.tx:
-            self._tx_check(m.delivery_tag, False)
+            self.unacked.check(m.delivery_tag, False)
             self._tx_acks.append(("reject", m.delivery_tag, False, m.requeue))
             return
-        self._settle(self._take_unacked(m.delivery_tag, False), "reject", m.requeue)
+        self._settle(self.unacked.take(m.delivery_tag, False), "reject", m.requeue)
 
     def _basic_recover(self, m: commands.Basic.Recover) -> None:
         self._recover(m)
@@ -815,9 +790,7 @@ class Channel:
     def _recover(self, m: commands.Basic.Recover | commands.Basic.RecoverAsync) -> None:
         if not m.requeue:  # RabbitMQ: redelivery to the same consumer is not implemented
             raise ConnectionError_(NOT_IMPLEMENTED, "requeue=false")
-        records = list(self.unacked.values())
-        self.unacked.clear()
-        self._settle(records, "reject", True)
+        self._settle(self.unacked.take_all(), "reject", True)
 
     # -- publishing -------------------------------------------------------------------------
     def _publish(self, method: bytes, props: bytes, body: bytes) -> None:
@@ -947,7 +920,7 @@ class Channel:
                 else:
                     items.append((msg, seq))
                 if seq:
-                    self.unconfirmed[seq] = 1
+                    self.confirms.record(seq, 1)
                 if mandatory:  # returned if the queue turns out unavailable
                     self._mandatory[msg] = 1
                 return
@@ -976,10 +949,7 @@ class Channel:
                     )
                 )
             if seq:
-                if self.reader.unroutable_nack and not mandatory:
-                    self._nacks.append(seq)
-                else:
-                    self._acks.append(seq)
+                self.confirms.settled(seq, mandatory or not self.reader.unroutable_nack)
                 self._schedule_confirms()
             return
         # raw-bytes test first: decoding every message's headers to look for BCC is not free
@@ -995,7 +965,7 @@ class Channel:
                 items.append((msg, seq))
             n += 1
         if seq:
-            self.unconfirmed[seq] = n
+            self.confirms.record(seq, n)
         if mandatory:  # returned if every queue it routed to turns out unavailable
             self._mandatory[msg] = n
 
@@ -1028,12 +998,7 @@ class Channel:
                         self.number, NO_ROUTE, "NO_ROUTE", msg.exchange, msg.routing_key,
                         msg.props, msg.body, self.frame_max))
             if seq:
-                pending = self.unconfirmed.get(seq)
-                if pending == 1:
-                    del self.unconfirmed[seq]
-                    self._nacks.append(seq)
-                elif pending is not None:
-                    self.unconfirmed[seq] = pending - 1
+                self.confirms.lost(seq)
         self._schedule_confirms()
 
     # -- confirms ---------------------------------------------------------------------------
@@ -1047,19 +1012,9 @@ class Channel:
     def queue_confirmed(self, queue: AMQQueue, seqs: list[int], rejected: list[int]) -> None:
         if self.state is not _OPEN or not self.confirm:
             return
-        unconfirmed = self.unconfirmed
-        for seq in seqs:
-            left = unconfirmed.get(seq)
-            if left is None:
-                continue
-            if left == 1:
-                del unconfirmed[seq]
-                self._acks.append(seq)
-            else:
-                unconfirmed[seq] = left - 1
-        for seq in rejected:
-            if unconfirmed.pop(seq, None) is not None:
-                self._nacks.append(seq)
+        self.confirms.confirm(seqs)
+        if rejected:
+            self.confirms.reject(rejected)
         self._schedule_confirms()
 
     def _schedule_confirms(self) -> None:
@@ -1071,23 +1026,10 @@ class Channel:
         self._confirm_flush_scheduled = False
         if self.state is not _OPEN:
             return
-        out: list[bytes] = []
+        nacks, acks = self.confirms.take()
         ch = self.number
-        if self._nacks:
-            for seq in sorted(self._nacks):
-                out.append(frames.encode_basic_nack(ch, seq, False))
-            self._nacks = []
-        acks = self._acks
-        if acks:
-            self._acks = []
-            acks.sort()
-            low = next(iter(self.unconfirmed)) if self.unconfirmed else None
-            below = acks if low is None else [a for a in acks if a < low]
-            if below:
-                out.append(frames.encode_basic_ack(ch, below[-1], len(below) > 1))
-            if len(below) < len(acks):
-                for a in acks[len(below) :]:
-                    out.append(frames.encode_basic_ack(ch, a, False))
+        out = [frames.encode_basic_nack(ch, seq, False) for seq in nacks]
+        out += [frames.encode_basic_ack(ch, seq, multiple) for seq, multiple in acks]
         if out:
             self.confirmed += len(out)
             self.writer.send_many(out)
@@ -1099,10 +1041,6 @@ class Channel:
         self.tx = True
         self._send(commands.Tx.SelectOk())
 
-    def _tx_check(self, tag: int, multiple: bool) -> None:
-        if (tag or not multiple) and tag not in self.unacked:
-            raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-
     def _tx_commit(self, m: commands.Tx.Commit) -> None:
         if not self.tx:
             raise ChannelError(PRECONDITION_FAILED, "channel is not transactional")
@@ -1113,7 +1051,7 @@ class Channel:
         acks, self._tx_acks = self._tx_acks, []
         for action, tag, multiple, requeue in acks:
             if multiple or tag in self.unacked:
-                self._settle(self._take_unacked(tag, multiple), action, requeue)
+                self._settle(self.unacked.take(tag, multiple), action, requeue)
         self._flush_batch()
         self._send(commands.Tx.CommitOk())
 
@@ -1135,7 +1073,7 @@ class Channel:
             "transactional": self.tx,
             "consumer_count": len(self.consumers),
             "messages_unacknowledged": len(self.unacked),
-            "messages_unconfirmed": len(self.unconfirmed),
+            "messages_unconfirmed": len(self.confirms),
             "prefetch_count": self.prefetch_count,
             "global_prefetch_count": self.global_prefetch,
         }
