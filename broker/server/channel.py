@@ -1,10 +1,12 @@
-"""The channel task (RabbitMQ's rabbit_channel): methods, publishing and routing, confirms,
-transactions, consumers and delivery tags.
+"""The channel task (RabbitMQ's rabbit_channel): dispatch, publishing and routing, consumers
+and delivery, acks, confirms and transactions. The publish and delivery hot paths stay here
+together; the exchange.* and queue.* methods are in channel_methods.py, and the two tables
+are plain ledgers: unacked.py (delivery tags) and confirms.py (publish seqs).
 
 The reader posts assembled commands to the mailbox; the task takes them in batches. Publishes
 of one batch are grouped per queue and handed to each queue's mailbox once. Queues call
 `deliver` and `queue_confirmed` directly (plain calls, no await): the tag counter, the unacked
-table and the confirm table are mutated only by this class's methods."""
+ledger and the confirms ledger are mutated only by this class's methods."""
 
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ from broker.protocol.properties import (
 from broker.queue.arguments import consumer_priority
 from broker.queue.consumer import Consumer
 from broker.routing.router import may_have_cc, routing_keys
+from broker.server import channel_methods
 from broker.server.confirms import Confirms
 from broker.server.direct_reply import REPLY_PREFIX, REPLY_QUEUE, may_reply_to
 from broker.server.unacked import Unacked
@@ -310,7 +313,7 @@ class Channel:
         )
         self._release()
 
-    def _send(self, method: Any) -> None:
+    def send(self, method: Any) -> None:
         self.writer.send(frames.encode_method(self.number, method))
 
     # -- dispatch ---------------------------------------------------------------------------
@@ -346,16 +349,20 @@ class Channel:
         return None if pending is None else _named(pending, _ids(method))
 
     # -- permissions ------------------------------------------------------------------------
-    def _check(self, kind: str, what: str, name: str) -> None:
+    def check(self, kind: str, what: str, name: str) -> None:
         """`kind` configure, write or read on the exchange or queue `name` (403 if not)."""
         self.auth.check_resource(self.principal, self.vhost.name, what, name, kind)
 
-    def _check_topic(self, exchange: str, routing_key: str, permission: str) -> None:
+    def check_topic(self, exchange: str, routing_key: str, permission: str) -> None:
         """Topic authorisation: a routing key on a topic exchange."""
         ex = self.vhost.exchanges.get(exchange)
         if ex is not None and ex.type == "topic":
             self.auth.check_topic(self.principal, self.vhost.name, exchange, routing_key,
                                   permission)
+
+    def exchange_deleted(self, name: str) -> None:
+        """A publish to `name` is checked again (a redeclared exchange may be internal)."""
+        self._write_ok.pop(name, None)
 
     # -- channel ----------------------------------------------------------------------------
     def _channel_close(self, m: commands.Channel.Close) -> None:
@@ -365,7 +372,7 @@ class Channel:
         # receipt of close-ok must reach a new channel, not this one (RabbitMQ's handshake
         # between rabbit_channel and rabbit_reader)
         self.reader.channel_closed(self)
-        self._send(commands.Channel.CloseOk())
+        self.send(commands.Channel.CloseOk())
 
     def _channel_close_ok(self, m: commands.Channel.CloseOk) -> None:
         channel_step(self.state, ChannelInput.CLOSE_OK)  # refused: no close of ours to answer
@@ -383,119 +390,18 @@ class Channel:
             event = ChannelInput.COMMAND
         action, self.state = channel_step(self.state, event)
         if action is ChannelAction.ANSWER_CLOSE:
-            self._send(commands.Channel.CloseOk())
+            self.send(commands.Channel.CloseOk())
 
     def _channel_flow(self, m: commands.Channel.Flow) -> None:
         self.flow_active = bool(m.active)
-        self._send(commands.Channel.FlowOk(active=self.flow_active))
+        self.send(commands.Channel.FlowOk(active=self.flow_active))
         if self.flow_active:
             self.wake_queues()
 
     def _channel_open(self, m: commands.Channel.Open) -> None:
         channel_step(self.state, ChannelInput.OPEN)  # refused: this number is open
 
-    # -- exchanges --------------------------------------------------------------------------
-    async def _exchange_declare(self, m: commands.Exchange.Declare) -> None:
-        if not m.passive:
-            self.auth.check_declare(self.principal, self.vhost.name, "exchange", m.exchange,
-                                    m.arguments, new=m.exchange not in self.vhost.exchanges)
-            if m.exchange not in self.vhost.exchanges:
-                await self.cluster.check_exchange_declare(
-                    self.vhost, m.exchange, m.exchange_type, durable=m.durable,
-                    auto_delete=m.auto_delete, internal=m.internal,
-                    arguments=m.arguments or {})
-        self.vhost.declare_exchange(
-            m.exchange,
-            m.exchange_type,
-            passive=m.passive,
-            durable=m.durable,
-            auto_delete=m.auto_delete,
-            internal=m.internal,
-            arguments=m.arguments or {},
-        )
-        await self.cluster.commit()
-        if not m.nowait:
-            self._send(commands.Exchange.DeclareOk())
-
-    async def _exchange_delete(self, m: commands.Exchange.Delete) -> None:
-        self._check("configure", "exchange", m.exchange)
-        await self.cluster.check_writable()
-        self.vhost.delete_exchange(m.exchange, m.if_unused)
-        self._write_ok.pop(m.exchange, None)
-        await self.cluster.commit()
-        if not m.nowait:
-            self._send(commands.Exchange.DeleteOk())
-
-    async def _exchange_bind(self, m: commands.Exchange.Bind) -> None:
-        self._check("write", "exchange", m.destination)
-        self._check("read", "exchange", m.source)
-        self._check_topic(m.source, m.routing_key, "read")
-        await self.cluster.check_writable()
-        self.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments or {})
-        await self.cluster.commit()
-        if not m.nowait:
-            self._send(commands.Exchange.BindOk())
-
-    async def _exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
-        self._check("write", "exchange", m.destination)
-        self._check("read", "exchange", m.source)
-        self._check_topic(m.source, m.routing_key, "read")
-        await self.cluster.check_writable()
-        self.vhost.unbind_exchange(m.destination, m.source, m.routing_key, m.arguments or {})
-        await self.cluster.commit()
-        if not m.nowait:
-            self._send(commands.Exchange.UnbindOk())
-
-    # -- queues -----------------------------------------------------------------------------
-    async def _queue_declare(self, m: commands.Queue.Declare) -> None:
-        name = m.queue
-        if name == REPLY_QUEUE or name.startswith(REPLY_PREFIX):
-            self._declare_reply_queue(m)
-            return
-        server_named = getattr(m, "server_named", False) or (not m.passive and not name)
-        if server_named and not name:
-            # kept on the method: a check that waits for an auth backend runs it again
-            name = m.queue = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode(
-            ).rstrip("=")
-            m.server_named = True
-        if not m.passive:  # RabbitMQ checks a server-named queue's generated name too
-            self.auth.check_declare(self.principal, self.vhost.name, "queue", name,
-                                    m.arguments, new=name not in self.vhost.queues)
-            if name not in self.vhost.queues:
-                await self.cluster.check_queue_declare(
-                    self.vhost, name, durable=m.durable, exclusive=m.exclusive,
-                    auto_delete=m.auto_delete, arguments=m.arguments or {},
-                    server_named=server_named)
-        q = self.vhost.declare_queue(
-            name,
-            server_named=server_named,
-            passive=m.passive,
-            durable=m.durable,
-            exclusive=m.exclusive,
-            auto_delete=m.auto_delete,
-            arguments=m.arguments or {},
-            owner=self.reader,
-        )
-        await self.cluster.commit()
-        self.last_queue = q.name
-        if not m.nowait:
-            messages, consumers = await self.cluster.counts(q)  # the home node's, in a cluster
-            self._send(
-                commands.Queue.DeclareOk(
-                    queue=q.name, message_count=messages, consumer_count=consumers
-                )
-            )
-
-    def _declare_reply_queue(self, m: commands.Queue.Declare) -> None:
-        """The pseudo-queue always "exists" with one consumer; a reply name exists while its
-        consumer does (RabbitMQ answers both, passive or not)."""
-        name = m.queue
-        if name != REPLY_QUEUE and self.reader.node.reply_registry.lookup(name) is None:
-            raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost.name}'")
-        if not m.nowait:
-            self._send(commands.Queue.DeclareOk(queue=name, message_count=0, consumer_count=1))
-
-    def _last_queue(self, name: str) -> str:
+    def queue_name(self, name: str) -> str:
         """The spec's shortcut (and RabbitMQ's): an empty queue name is the channel's most
         recently declared queue."""
         if name:
@@ -504,56 +410,15 @@ class Channel:
             raise ChannelError(NOT_FOUND, "no previously declared queue")
         return self.last_queue
 
-    async def _queue_bind(self, m: commands.Queue.Bind) -> None:
-        if not m.queue and not m.routing_key:
-            m.routing_key = self._last_queue("")
-        m.queue = self._last_queue(m.queue)
-        self._check("write", "queue", m.queue)
-        self._check("read", "exchange", m.exchange)
-        self._check_topic(m.exchange, m.routing_key, "read")
-        q = self.vhost.queue(m.queue, self.reader)
-        await self.cluster.check_writable()
-        self.vhost.bind_queue(q, m.exchange, m.routing_key, m.arguments or {})
-        await self.cluster.commit()
-        if not m.nowait:
-            self._send(commands.Queue.BindOk())
-
-    async def _queue_unbind(self, m: commands.Queue.Unbind) -> None:
-        if not m.queue and not m.routing_key:
-            m.routing_key = self._last_queue("")
-        m.queue = self._last_queue(m.queue)
-        self._check("write", "queue", m.queue)
-        self._check("read", "exchange", m.exchange)
-        self._check_topic(m.exchange, m.routing_key, "read")
-        q = self.vhost.queue(m.queue, self.reader) if m.queue in self.vhost.queues else None
-        await self.cluster.check_writable()
-        self.vhost.unbind_queue(q, m.exchange, m.routing_key, m.arguments or {})
-        await self.cluster.commit()
-        self._send(commands.Queue.UnbindOk())
-
     async def _queue_purge(self, m: commands.Queue.Purge) -> None:
-        m.queue = self._last_queue(m.queue)
-        self._check("read", "queue", m.queue)
+        m.queue = self.queue_name(m.queue)
+        self.check("read", "queue", m.queue)
         q = self.vhost.queue(m.queue, self.reader)
         count = q.purge()
         if isawaitable(count):
             count = await count
         if not m.nowait:
-            self._send(commands.Queue.PurgeOk(message_count=count))
-
-    async def _queue_delete(self, m: commands.Queue.Delete) -> None:
-        m.queue = self._last_queue(m.queue)
-        self._check("configure", "queue", m.queue)
-        q = self.vhost.queues.get(m.queue)
-        if q is None:
-            count = 0  # RabbitMQ: deleting a missing queue succeeds
-        else:
-            self.vhost.queue(m.queue, self.reader)
-            await self.cluster.check_writable()
-            count = self.vhost.delete_queue(q, if_unused=m.if_unused, if_empty=m.if_empty)
-            await self.cluster.commit()
-        if not m.nowait:
-            self._send(commands.Queue.DeleteOk(message_count=count))
+            self.send(commands.Queue.PurgeOk(message_count=count))
 
     # -- basic: qos, consume, cancel, get ---------------------------------------------------
     def _basic_qos(self, m: commands.Basic.Qos) -> None:
@@ -563,7 +428,7 @@ class Channel:
             self.global_prefetch = m.prefetch_count
         else:
             self.prefetch_count = m.prefetch_count
-        self._send(commands.Basic.QosOk())
+        self.send(commands.Basic.QosOk())
         self.wake_queues()
 
     def _basic_consume(self, m: commands.Basic.Consume) -> None:
@@ -573,11 +438,11 @@ class Channel:
             raise ConnectionError_(
                 NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel"
             )
-        m.queue = self._last_queue(m.queue)
+        m.queue = self.queue_name(m.queue)
         if m.queue == REPLY_QUEUE:
             self._consume_replies(m)
             return
-        self._check("read", "queue", m.queue)
+        self.check("read", "queue", m.queue)
         q = self.vhost.queue(m.queue, self.reader)
         q.touch()  # x-expires restarts; a cluster's queue on a down node answers 404 here
         tag = m.consumer_tag or _server_tag()
@@ -604,7 +469,7 @@ class Channel:
         )
         self.consumers[tag] = consumer
         if not m.nowait:
-            self._send(commands.Basic.ConsumeOk(consumer_tag=tag))
+            self.send(commands.Basic.ConsumeOk(consumer_tag=tag))
         q.add_consumer(consumer)
 
     def _consume_replies(self, m: commands.Basic.Consume) -> None:
@@ -619,7 +484,7 @@ class Channel:
         name = self.reader.node.reply_registry.register(self)
         self.reply_consumer = (tag, frames.shortstr(tag), name)
         if not m.nowait:
-            self._send(commands.Basic.ConsumeOk(consumer_tag=tag))
+            self.send(commands.Basic.ConsumeOk(consumer_tag=tag))
 
     def _stop_replies(self) -> None:
         if self.reply_consumer is not None:
@@ -644,7 +509,7 @@ class Channel:
             self._stop_replies()
         consumer = self.consumers.pop(m.consumer_tag, None)
         if not m.nowait:
-            self._send(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
+            self.send(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
         if consumer is not None:
             consumer.queue.remove_consumer(consumer)
 
@@ -660,11 +525,11 @@ class Channel:
             return  # the client cancelled it meanwhile
         del self.consumers[consumer.tag]
         if self.reader.client_capability("consumer_cancel_notify"):
-            self._send(commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
+            self.send(commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
 
     async def _basic_get(self, m: commands.Basic.Get) -> None:
-        m.queue = self._last_queue(m.queue)
-        self._check("read", "queue", m.queue)
+        m.queue = self.queue_name(m.queue)
+        self.check("read", "queue", m.queue)
         q = self.vhost.queue(m.queue, self.reader)
         if not self.writer.writable:
             raise _WriterBusy
@@ -672,7 +537,7 @@ class Channel:
         if isawaitable(got):  # a queue on another node of a cluster answers over the link
             got = await got
         if got is None:
-            self._send(commands.Basic.GetEmpty())
+            self.send(commands.Basic.GetEmpty())
             return
         (seq, msg, redelivered, _), remaining = got
         tag = self.next_tag
@@ -782,7 +647,7 @@ class Channel:
 
     def _basic_recover(self, m: commands.Basic.Recover) -> None:
         self._recover(m)
-        self._send(commands.Basic.RecoverOk())
+        self.send(commands.Basic.RecoverOk())
 
     def _basic_recover_async(self, m: commands.Basic.RecoverAsync) -> None:
         self._recover(m)
@@ -806,7 +671,7 @@ class Channel:
         ex = self.vhost.exchanges.get(exchange)
         if ex is None or self._write_ok.get(exchange) is not ex:
             try:
-                self._check("write", "exchange", exchange)
+                self.check("write", "exchange", exchange)
                 ex = self.vhost.exchange(exchange)
             except AMQPError as exc:
                 exc.method = (60, 40)
@@ -1007,7 +872,7 @@ class Channel:
             raise ChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
         self.confirm = True
         if not m.nowait:
-            self._send(commands.Confirm.SelectOk())
+            self.send(commands.Confirm.SelectOk())
 
     def queue_confirmed(self, queue: AMQQueue, seqs: list[int], rejected: list[int]) -> None:
         if self.state is not _OPEN or not self.confirm:
@@ -1039,7 +904,7 @@ class Channel:
         if self.confirm:
             raise ChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
         self.tx = True
-        self._send(commands.Tx.SelectOk())
+        self.send(commands.Tx.SelectOk())
 
     def _tx_commit(self, m: commands.Tx.Commit) -> None:
         if not self.tx:
@@ -1053,14 +918,14 @@ class Channel:
             if multiple or tag in self.unacked:
                 self._settle(self.unacked.take(tag, multiple), action, requeue)
         self._flush_batch()
-        self._send(commands.Tx.CommitOk())
+        self.send(commands.Tx.CommitOk())
 
     def _tx_rollback(self, m: commands.Tx.Rollback) -> None:
         if not self.tx:
             raise ChannelError(PRECONDITION_FAILED, "channel is not transactional")
         self._tx_publishes.clear()
         self._tx_acks.clear()
-        self._send(commands.Tx.RollbackOk())
+        self.send(commands.Tx.RollbackOk())
 
     # -- introspection ----------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
@@ -1121,15 +986,15 @@ _HANDLERS: dict[type, Any] = {
     commands.Channel.CloseOk: Channel._channel_close_ok,
     commands.Channel.Flow: Channel._channel_flow,
     commands.Channel.Open: Channel._channel_open,
-    commands.Exchange.Declare: Channel._exchange_declare,
-    commands.Exchange.Delete: Channel._exchange_delete,
-    commands.Exchange.Bind: Channel._exchange_bind,
-    commands.Exchange.Unbind: Channel._exchange_unbind,
-    commands.Queue.Declare: Channel._queue_declare,
-    commands.Queue.Bind: Channel._queue_bind,
-    commands.Queue.Unbind: Channel._queue_unbind,
+    commands.Exchange.Declare: channel_methods.exchange_declare,
+    commands.Exchange.Delete: channel_methods.exchange_delete,
+    commands.Exchange.Bind: channel_methods.exchange_bind,
+    commands.Exchange.Unbind: channel_methods.exchange_unbind,
+    commands.Queue.Declare: channel_methods.queue_declare,
+    commands.Queue.Bind: channel_methods.queue_bind,
+    commands.Queue.Unbind: channel_methods.queue_unbind,
     commands.Queue.Purge: Channel._queue_purge,
-    commands.Queue.Delete: Channel._queue_delete,
+    commands.Queue.Delete: channel_methods.queue_delete,
     commands.Basic.Qos: Channel._basic_qos,
     commands.Basic.Consume: Channel._basic_consume,
     commands.Basic.Cancel: Channel._basic_cancel,
