@@ -785,7 +785,7 @@ class Channel:
                 else:
                     items.append((msg, seq))
                 if seq:
-                    self.confirms.record(seq, 1)
+                    self.confirms.pending[seq] = 1
                 if mandatory:  # returned if the queue turns out unavailable
                     self._mandatory[msg] = 1
                 return
@@ -830,7 +830,7 @@ class Channel:
                 items.append((msg, seq))
             n += 1
         if seq:
-            self.confirms.record(seq, n)
+            self.confirms.pending[seq] = n
         if mandatory:  # returned if every queue it routed to turns out unavailable
             self._mandatory[msg] = n
 

@@ -1,8 +1,9 @@
 """Publisher confirms as a plain ledger, as RabbitMQ's rabbit_confirms: no I/O, no loop.
 
-A publish in confirm mode is recorded with the number of queues it went to; each queue settles
-it once (confirm, reject, or lost when its node is gone). Once every queue has confirmed it,
-it is confirmed; a rejection or the last queue lost nacks it. `take` answers what to send: the
+A publish in confirm mode is recorded with the number of queues it went to, `pending[seq] =
+queues` (a plain store: the publish path pays no call for it); each queue settles it once
+(confirm, reject, or lost when its node is gone). Once every queue has confirmed it, it is
+confirmed; a rejection or the last queue lost nacks it. `take` answers what to send: the
 nacks, and the acks with whether one basic.ack multiple=true may cover a run of them. The
 channel encodes and sends the frames."""
 
@@ -24,9 +25,6 @@ class Confirms:
     def __len__(self) -> int:
         """Publishes not yet settled (management's messages_unconfirmed)."""
         return len(self.pending)
-
-    def record(self, seq: int, queues: int) -> None:
-        self.pending[seq] = queues
 
     def settled(self, seq: int, ok: bool) -> None:
         """A publish that reached no queue: answered at once."""

@@ -8,7 +8,7 @@ from broker.server.confirms import Confirms
 
 def test_confirmed_once_every_queue_has_it() -> None:
     c = Confirms()
-    c.record(1, 2)
+    c.pending[1] = 2
     c.confirm([1])
     assert c.take() == ([], []) and len(c) == 1
     c.confirm([1])
@@ -18,7 +18,7 @@ def test_confirmed_once_every_queue_has_it() -> None:
 def test_a_run_below_every_pending_seq_is_one_multiple_ack() -> None:
     c = Confirms()
     for seq in (1, 2, 3, 4):
-        c.record(seq, 1)
+        c.pending[seq] = 1
     c.confirm([3, 1, 2])
     assert c.take() == ([], [(3, True)])
     c.confirm([4])
@@ -28,7 +28,7 @@ def test_a_run_below_every_pending_seq_is_one_multiple_ack() -> None:
 def test_acks_above_a_pending_seq_go_one_by_one() -> None:
     c = Confirms()
     for seq in (1, 2, 3, 4):
-        c.record(seq, 1)
+        c.pending[seq] = 1
     c.confirm([1, 3, 4])
     assert c.take() == ([], [(1, False), (3, False), (4, False)])
     assert list(c.pending) == [2]
@@ -36,7 +36,7 @@ def test_acks_above_a_pending_seq_go_one_by_one() -> None:
 
 def test_a_rejection_nacks_whatever_the_other_queues_do() -> None:
     c = Confirms()
-    c.record(1, 2)
+    c.pending[1] = 2
     c.reject([1])
     c.confirm([1])  # the other queue: already settled, ignored
     assert c.take() == ([1], [])
@@ -44,8 +44,8 @@ def test_a_rejection_nacks_whatever_the_other_queues_do() -> None:
 
 def test_lost_nacks_only_when_no_queue_is_left_to_confirm() -> None:
     c = Confirms()
-    c.record(1, 2)
-    c.record(2, 1)
+    c.pending[1] = 2
+    c.pending[2] = 1
     c.lost(1)
     c.lost(2)
     assert c.take() == ([2], [])
