@@ -1,17 +1,18 @@
-"""The channel task (RabbitMQ's rabbit_channel): methods, publishing and routing, confirms,
-transactions, consumers and delivery tags.
+"""The channel task (RabbitMQ's rabbit_channel): dispatch, publishing and routing, consumers
+and delivery, acks, confirms and transactions. The publish and delivery hot paths stay here
+together; the exchange.* and queue.* methods are in channel_methods.py, and the two tables
+are plain ledgers: unacked.py (delivery tags) and confirms.py (publish seqs).
 
 The reader posts assembled commands to the mailbox; the task takes them in batches. Publishes
 of one batch are grouped per queue and handed to each queue's mailbox once. Queues call
 `deliver` and `queue_confirmed` directly (plain calls, no await): the tag counter, the unacked
-table and the confirm table are mutated only by this class's methods."""
+ledger and the confirms ledger are mutated only by this class's methods."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import os
-from collections import OrderedDict
 from collections.abc import Awaitable
 from inspect import isawaitable
 from typing import TYPE_CHECKING, Any
@@ -54,7 +55,10 @@ from broker.protocol.properties import (
 from broker.queue.arguments import consumer_priority
 from broker.queue.consumer import Consumer
 from broker.routing.router import may_have_cc, routing_keys
+from broker.server import channel_methods
+from broker.server.confirms import Confirms
 from broker.server.direct_reply import REPLY_PREFIX, REPLY_QUEUE, may_reply_to
+from broker.server.unacked import Unacked
 
 if TYPE_CHECKING:
     from broker.queue.amqqueue import AMQQueue
@@ -91,9 +95,7 @@ class Channel:
         # publishing
         self.confirm = False
         self.publish_seq = 0
-        self.unconfirmed: OrderedDict[int, int] = OrderedDict()
-        self._acks: list[int] = []
-        self._nacks: list[int] = []
+        self.confirms = Confirms()
         self._confirm_flush_scheduled = False
         self._batch: dict[AMQQueue, list[tuple[Message, int]]] = {}
         self._mandatory: dict[Message, int] = {}  # this batch's mandatory publishes: queues
@@ -112,7 +114,7 @@ class Channel:
         # direct reply-to: (consumer tag, the tag as a shortstr, reply name) while consuming
         # from amq.rabbitmq.reply-to
         self.reply_consumer: tuple[str, bytes, str] | None = None
-        self.unacked: OrderedDict[int, tuple[AMQQueue, int, Consumer | None]] = OrderedDict()
+        self.unacked: Unacked[tuple[AMQQueue, int, Consumer | None]] = Unacked()
         self.next_tag = 1
         self.prefetch_count = 0  # applies to consumers created after basic.qos(global=false)
         self.global_prefetch = 0
@@ -278,9 +280,8 @@ class Channel:
         self.consumers.clear()
         self._stop_replies()
         by_queue: dict[AMQQueue, list[int]] = {}
-        for queue, seq, _ in self.unacked.values():
+        for queue, seq, _ in self.unacked.take_all():
             by_queue.setdefault(queue, []).append(seq)
-        self.unacked.clear()
         self.consumer_unacked = 0
         for queue, seqs in by_queue.items():
             queue.requeue(seqs)
@@ -312,7 +313,7 @@ class Channel:
         )
         self._release()
 
-    def _send(self, method: Any) -> None:
+    def send(self, method: Any) -> None:
         self.writer.send(frames.encode_method(self.number, method))
 
     # -- dispatch ---------------------------------------------------------------------------
@@ -348,16 +349,20 @@ class Channel:
         return None if pending is None else _named(pending, _ids(method))
 
     # -- permissions ------------------------------------------------------------------------
-    def _check(self, kind: str, what: str, name: str) -> None:
+    def check(self, kind: str, what: str, name: str) -> None:
         """`kind` configure, write or read on the exchange or queue `name` (403 if not)."""
         self.auth.check_resource(self.principal, self.vhost.name, what, name, kind)
 
-    def _check_topic(self, exchange: str, routing_key: str, permission: str) -> None:
+    def check_topic(self, exchange: str, routing_key: str, permission: str) -> None:
         """Topic authorisation: a routing key on a topic exchange."""
         ex = self.vhost.exchanges.get(exchange)
         if ex is not None and ex.type == "topic":
             self.auth.check_topic(self.principal, self.vhost.name, exchange, routing_key,
                                   permission)
+
+    def exchange_deleted(self, name: str) -> None:
+        """A publish to `name` is checked again (a redeclared exchange may be internal)."""
+        self._write_ok.pop(name, None)
 
     # -- channel ----------------------------------------------------------------------------
     def _channel_close(self, m: commands.Channel.Close) -> None:
@@ -367,7 +372,7 @@ class Channel:
         # receipt of close-ok must reach a new channel, not this one (RabbitMQ's handshake
         # between rabbit_channel and rabbit_reader)
         self.reader.channel_closed(self)
-        self._send(commands.Channel.CloseOk())
+        self.send(commands.Channel.CloseOk())
 
     def _channel_close_ok(self, m: commands.Channel.CloseOk) -> None:
         channel_step(self.state, ChannelInput.CLOSE_OK)  # refused: no close of ours to answer
@@ -385,119 +390,18 @@ class Channel:
             event = ChannelInput.COMMAND
         action, self.state = channel_step(self.state, event)
         if action is ChannelAction.ANSWER_CLOSE:
-            self._send(commands.Channel.CloseOk())
+            self.send(commands.Channel.CloseOk())
 
     def _channel_flow(self, m: commands.Channel.Flow) -> None:
         self.flow_active = bool(m.active)
-        self._send(commands.Channel.FlowOk(active=self.flow_active))
+        self.send(commands.Channel.FlowOk(active=self.flow_active))
         if self.flow_active:
             self.wake_queues()
 
     def _channel_open(self, m: commands.Channel.Open) -> None:
         channel_step(self.state, ChannelInput.OPEN)  # refused: this number is open
 
-    # -- exchanges --------------------------------------------------------------------------
-    async def _exchange_declare(self, m: commands.Exchange.Declare) -> None:
-        if not m.passive:
-            self.auth.check_declare(self.principal, self.vhost.name, "exchange", m.exchange,
-                                    m.arguments, new=m.exchange not in self.vhost.exchanges)
-            if m.exchange not in self.vhost.exchanges:
-                await self.cluster.check_exchange_declare(
-                    self.vhost, m.exchange, m.exchange_type, durable=m.durable,
-                    auto_delete=m.auto_delete, internal=m.internal,
-                    arguments=m.arguments or {})
-        self.vhost.declare_exchange(
-            m.exchange,
-            m.exchange_type,
-            passive=m.passive,
-            durable=m.durable,
-            auto_delete=m.auto_delete,
-            internal=m.internal,
-            arguments=m.arguments or {},
-        )
-        await self.cluster.commit()
-        if not m.nowait:
-            self._send(commands.Exchange.DeclareOk())
-
-    async def _exchange_delete(self, m: commands.Exchange.Delete) -> None:
-        self._check("configure", "exchange", m.exchange)
-        await self.cluster.check_writable()
-        self.vhost.delete_exchange(m.exchange, m.if_unused)
-        self._write_ok.pop(m.exchange, None)
-        await self.cluster.commit()
-        if not m.nowait:
-            self._send(commands.Exchange.DeleteOk())
-
-    async def _exchange_bind(self, m: commands.Exchange.Bind) -> None:
-        self._check("write", "exchange", m.destination)
-        self._check("read", "exchange", m.source)
-        self._check_topic(m.source, m.routing_key, "read")
-        await self.cluster.check_writable()
-        self.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments or {})
-        await self.cluster.commit()
-        if not m.nowait:
-            self._send(commands.Exchange.BindOk())
-
-    async def _exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
-        self._check("write", "exchange", m.destination)
-        self._check("read", "exchange", m.source)
-        self._check_topic(m.source, m.routing_key, "read")
-        await self.cluster.check_writable()
-        self.vhost.unbind_exchange(m.destination, m.source, m.routing_key, m.arguments or {})
-        await self.cluster.commit()
-        if not m.nowait:
-            self._send(commands.Exchange.UnbindOk())
-
-    # -- queues -----------------------------------------------------------------------------
-    async def _queue_declare(self, m: commands.Queue.Declare) -> None:
-        name = m.queue
-        if name == REPLY_QUEUE or name.startswith(REPLY_PREFIX):
-            self._declare_reply_queue(m)
-            return
-        server_named = getattr(m, "server_named", False) or (not m.passive and not name)
-        if server_named and not name:
-            # kept on the method: a check that waits for an auth backend runs it again
-            name = m.queue = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode(
-            ).rstrip("=")
-            m.server_named = True
-        if not m.passive:  # RabbitMQ checks a server-named queue's generated name too
-            self.auth.check_declare(self.principal, self.vhost.name, "queue", name,
-                                    m.arguments, new=name not in self.vhost.queues)
-            if name not in self.vhost.queues:
-                await self.cluster.check_queue_declare(
-                    self.vhost, name, durable=m.durable, exclusive=m.exclusive,
-                    auto_delete=m.auto_delete, arguments=m.arguments or {},
-                    server_named=server_named)
-        q = self.vhost.declare_queue(
-            name,
-            server_named=server_named,
-            passive=m.passive,
-            durable=m.durable,
-            exclusive=m.exclusive,
-            auto_delete=m.auto_delete,
-            arguments=m.arguments or {},
-            owner=self.reader,
-        )
-        await self.cluster.commit()
-        self.last_queue = q.name
-        if not m.nowait:
-            messages, consumers = await self.cluster.counts(q)  # the home node's, in a cluster
-            self._send(
-                commands.Queue.DeclareOk(
-                    queue=q.name, message_count=messages, consumer_count=consumers
-                )
-            )
-
-    def _declare_reply_queue(self, m: commands.Queue.Declare) -> None:
-        """The pseudo-queue always "exists" with one consumer; a reply name exists while its
-        consumer does (RabbitMQ answers both, passive or not)."""
-        name = m.queue
-        if name != REPLY_QUEUE and self.reader.node.reply_registry.lookup(name) is None:
-            raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost.name}'")
-        if not m.nowait:
-            self._send(commands.Queue.DeclareOk(queue=name, message_count=0, consumer_count=1))
-
-    def _last_queue(self, name: str) -> str:
+    def queue_name(self, name: str) -> str:
         """The spec's shortcut (and RabbitMQ's): an empty queue name is the channel's most
         recently declared queue."""
         if name:
@@ -506,56 +410,15 @@ class Channel:
             raise ChannelError(NOT_FOUND, "no previously declared queue")
         return self.last_queue
 
-    async def _queue_bind(self, m: commands.Queue.Bind) -> None:
-        if not m.queue and not m.routing_key:
-            m.routing_key = self._last_queue("")
-        m.queue = self._last_queue(m.queue)
-        self._check("write", "queue", m.queue)
-        self._check("read", "exchange", m.exchange)
-        self._check_topic(m.exchange, m.routing_key, "read")
-        q = self.vhost.queue(m.queue, self.reader)
-        await self.cluster.check_writable()
-        self.vhost.bind_queue(q, m.exchange, m.routing_key, m.arguments or {})
-        await self.cluster.commit()
-        if not m.nowait:
-            self._send(commands.Queue.BindOk())
-
-    async def _queue_unbind(self, m: commands.Queue.Unbind) -> None:
-        if not m.queue and not m.routing_key:
-            m.routing_key = self._last_queue("")
-        m.queue = self._last_queue(m.queue)
-        self._check("write", "queue", m.queue)
-        self._check("read", "exchange", m.exchange)
-        self._check_topic(m.exchange, m.routing_key, "read")
-        q = self.vhost.queue(m.queue, self.reader) if m.queue in self.vhost.queues else None
-        await self.cluster.check_writable()
-        self.vhost.unbind_queue(q, m.exchange, m.routing_key, m.arguments or {})
-        await self.cluster.commit()
-        self._send(commands.Queue.UnbindOk())
-
     async def _queue_purge(self, m: commands.Queue.Purge) -> None:
-        m.queue = self._last_queue(m.queue)
-        self._check("read", "queue", m.queue)
+        m.queue = self.queue_name(m.queue)
+        self.check("read", "queue", m.queue)
         q = self.vhost.queue(m.queue, self.reader)
         count = q.purge()
         if isawaitable(count):
             count = await count
         if not m.nowait:
-            self._send(commands.Queue.PurgeOk(message_count=count))
-
-    async def _queue_delete(self, m: commands.Queue.Delete) -> None:
-        m.queue = self._last_queue(m.queue)
-        self._check("configure", "queue", m.queue)
-        q = self.vhost.queues.get(m.queue)
-        if q is None:
-            count = 0  # RabbitMQ: deleting a missing queue succeeds
-        else:
-            self.vhost.queue(m.queue, self.reader)
-            await self.cluster.check_writable()
-            count = self.vhost.delete_queue(q, if_unused=m.if_unused, if_empty=m.if_empty)
-            await self.cluster.commit()
-        if not m.nowait:
-            self._send(commands.Queue.DeleteOk(message_count=count))
+            self.send(commands.Queue.PurgeOk(message_count=count))
 
     # -- basic: qos, consume, cancel, get ---------------------------------------------------
     def _basic_qos(self, m: commands.Basic.Qos) -> None:
@@ -565,7 +428,7 @@ class Channel:
             self.global_prefetch = m.prefetch_count
         else:
             self.prefetch_count = m.prefetch_count
-        self._send(commands.Basic.QosOk())
+        self.send(commands.Basic.QosOk())
         self.wake_queues()
 
     def _basic_consume(self, m: commands.Basic.Consume) -> None:
@@ -575,11 +438,11 @@ class Channel:
             raise ConnectionError_(
                 NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel"
             )
-        m.queue = self._last_queue(m.queue)
+        m.queue = self.queue_name(m.queue)
         if m.queue == REPLY_QUEUE:
             self._consume_replies(m)
             return
-        self._check("read", "queue", m.queue)
+        self.check("read", "queue", m.queue)
         q = self.vhost.queue(m.queue, self.reader)
         q.touch()  # x-expires restarts; a cluster's queue on a down node answers 404 here
         tag = m.consumer_tag or _server_tag()
@@ -606,7 +469,7 @@ class Channel:
         )
         self.consumers[tag] = consumer
         if not m.nowait:
-            self._send(commands.Basic.ConsumeOk(consumer_tag=tag))
+            self.send(commands.Basic.ConsumeOk(consumer_tag=tag))
         q.add_consumer(consumer)
 
     def _consume_replies(self, m: commands.Basic.Consume) -> None:
@@ -621,7 +484,7 @@ class Channel:
         name = self.reader.node.reply_registry.register(self)
         self.reply_consumer = (tag, frames.shortstr(tag), name)
         if not m.nowait:
-            self._send(commands.Basic.ConsumeOk(consumer_tag=tag))
+            self.send(commands.Basic.ConsumeOk(consumer_tag=tag))
 
     def _stop_replies(self) -> None:
         if self.reply_consumer is not None:
@@ -646,7 +509,7 @@ class Channel:
             self._stop_replies()
         consumer = self.consumers.pop(m.consumer_tag, None)
         if not m.nowait:
-            self._send(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
+            self.send(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
         if consumer is not None:
             consumer.queue.remove_consumer(consumer)
 
@@ -662,11 +525,11 @@ class Channel:
             return  # the client cancelled it meanwhile
         del self.consumers[consumer.tag]
         if self.reader.client_capability("consumer_cancel_notify"):
-            self._send(commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
+            self.send(commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
 
     async def _basic_get(self, m: commands.Basic.Get) -> None:
-        m.queue = self._last_queue(m.queue)
-        self._check("read", "queue", m.queue)
+        m.queue = self.queue_name(m.queue)
+        self.check("read", "queue", m.queue)
         q = self.vhost.queue(m.queue, self.reader)
         if not self.writer.writable:
             raise _WriterBusy
@@ -674,7 +537,7 @@ class Channel:
         if isawaitable(got):  # a queue on another node of a cluster answers over the link
             got = await got
         if got is None:
-            self._send(commands.Basic.GetEmpty())
+            self.send(commands.Basic.GetEmpty())
             return
         (seq, msg, redelivered, _), remaining = got
         tag = self.next_tag
@@ -729,29 +592,6 @@ class Channel:
             q.wake()
 
     # -- acks from the client ---------------------------------------------------------------
-    def _take_unacked(self, tag: int, multiple: bool) -> list[tuple[AMQQueue, int, Any]]:
-        unacked = self.unacked
-        if multiple:
-            out = []
-            if tag == 0:
-                out = list(unacked.values())
-                unacked.clear()
-            else:
-                if tag not in unacked:  # RabbitMQ's collect_acks: the tag itself must be known
-                    raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-                popitem = unacked.popitem
-                append = out.append
-                while True:  # tags are in order and `tag` is among them: pop up to it
-                    first, record = popitem(last=False)
-                    append(record)
-                    if first == tag:
-                        break
-            return out
-        record = unacked.pop(tag, None)
-        if record is None:
-            raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-        return [record]
-
     def _settle(self, records: list[tuple[AMQQueue, int, Any]], action: str, requeue: bool) -> None:
         by_queue: dict[AMQQueue, list[int]] = {}
         freed = 0
@@ -777,10 +617,12 @@ class Channel:
 
     def _on_ack(self, tag: int, multiple: bool) -> None:
         if self.tx:
-            self._tx_check(tag, multiple)
+            self.unacked.check(tag, multiple)
             self._tx_acks.append(("ack", tag, multiple, False))
             return
-        records = self._take_unacked(tag, multiple)
+        records = self.unacked.take(tag, multiple)
+        if not records:  # multiple with tag 0 and nothing outstanding: RabbitMQ says nothing
+            return
         queue, _, consumer = records[-1]
         if consumer is not None and consumer.waiting_on_us(tag or self.next_tag, TICKS.read()):
             queue.consumer_waiting()
@@ -791,21 +633,21 @@ class Channel:
 
     def _basic_nack(self, m: commands.Basic.Nack) -> None:
         if self.tx:
-            self._tx_check(m.delivery_tag, m.multiple)
+            self.unacked.check(m.delivery_tag, m.multiple)
             self._tx_acks.append(("reject", m.delivery_tag, m.multiple, m.requeue))
             return
-        self._settle(self._take_unacked(m.delivery_tag, m.multiple), "reject", m.requeue)
+        self._settle(self.unacked.take(m.delivery_tag, m.multiple), "reject", m.requeue)
 
     def _basic_reject(self, m: commands.Basic.Reject) -> None:
         if self.tx:
-            self._tx_check(m.delivery_tag, False)
+            self.unacked.check(m.delivery_tag, False)
             self._tx_acks.append(("reject", m.delivery_tag, False, m.requeue))
             return
-        self._settle(self._take_unacked(m.delivery_tag, False), "reject", m.requeue)
+        self._settle(self.unacked.take(m.delivery_tag, False), "reject", m.requeue)
 
     def _basic_recover(self, m: commands.Basic.Recover) -> None:
         self._recover(m)
-        self._send(commands.Basic.RecoverOk())
+        self.send(commands.Basic.RecoverOk())
 
     def _basic_recover_async(self, m: commands.Basic.RecoverAsync) -> None:
         self._recover(m)
@@ -813,9 +655,7 @@ class Channel:
     def _recover(self, m: commands.Basic.Recover | commands.Basic.RecoverAsync) -> None:
         if not m.requeue:  # RabbitMQ: redelivery to the same consumer is not implemented
             raise ConnectionError_(NOT_IMPLEMENTED, "requeue=false")
-        records = list(self.unacked.values())
-        self.unacked.clear()
-        self._settle(records, "reject", True)
+        self._settle(self.unacked.take_all(), "reject", True)
 
     # -- publishing -------------------------------------------------------------------------
     def _publish(self, method: bytes, props: bytes, body: bytes) -> None:
@@ -831,7 +671,7 @@ class Channel:
         ex = self.vhost.exchanges.get(exchange)
         if ex is None or self._write_ok.get(exchange) is not ex:
             try:
-                self._check("write", "exchange", exchange)
+                self.check("write", "exchange", exchange)
                 ex = self.vhost.exchange(exchange)
             except AMQPError as exc:
                 exc.method = (60, 40)
@@ -945,7 +785,7 @@ class Channel:
                 else:
                     items.append((msg, seq))
                 if seq:
-                    self.unconfirmed[seq] = 1
+                    self.confirms.pending[seq] = 1
                 if mandatory:  # returned if the queue turns out unavailable
                     self._mandatory[msg] = 1
                 return
@@ -974,10 +814,7 @@ class Channel:
                     )
                 )
             if seq:
-                if self.reader.unroutable_nack and not mandatory:
-                    self._nacks.append(seq)
-                else:
-                    self._acks.append(seq)
+                self.confirms.settled(seq, mandatory or not self.reader.unroutable_nack)
                 self._schedule_confirms()
             return
         # raw-bytes test first: decoding every message's headers to look for BCC is not free
@@ -993,7 +830,7 @@ class Channel:
                 items.append((msg, seq))
             n += 1
         if seq:
-            self.unconfirmed[seq] = n
+            self.confirms.pending[seq] = n
         if mandatory:  # returned if every queue it routed to turns out unavailable
             self._mandatory[msg] = n
 
@@ -1026,12 +863,7 @@ class Channel:
                         self.number, NO_ROUTE, "NO_ROUTE", msg.exchange, msg.routing_key,
                         msg.props, msg.body, self.frame_max))
             if seq:
-                pending = self.unconfirmed.get(seq)
-                if pending == 1:
-                    del self.unconfirmed[seq]
-                    self._nacks.append(seq)
-                elif pending is not None:
-                    self.unconfirmed[seq] = pending - 1
+                self.confirms.lost(seq)
         self._schedule_confirms()
 
     # -- confirms ---------------------------------------------------------------------------
@@ -1040,24 +872,14 @@ class Channel:
             raise ChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
         self.confirm = True
         if not m.nowait:
-            self._send(commands.Confirm.SelectOk())
+            self.send(commands.Confirm.SelectOk())
 
     def queue_confirmed(self, queue: AMQQueue, seqs: list[int], rejected: list[int]) -> None:
         if self.state is not _OPEN or not self.confirm:
             return
-        unconfirmed = self.unconfirmed
-        for seq in seqs:
-            left = unconfirmed.get(seq)
-            if left is None:
-                continue
-            if left == 1:
-                del unconfirmed[seq]
-                self._acks.append(seq)
-            else:
-                unconfirmed[seq] = left - 1
-        for seq in rejected:
-            if unconfirmed.pop(seq, None) is not None:
-                self._nacks.append(seq)
+        self.confirms.confirm(seqs)
+        if rejected:
+            self.confirms.reject(rejected)
         self._schedule_confirms()
 
     def _schedule_confirms(self) -> None:
@@ -1069,23 +891,10 @@ class Channel:
         self._confirm_flush_scheduled = False
         if self.state is not _OPEN:
             return
-        out: list[bytes] = []
+        nacks, acks = self.confirms.take()
         ch = self.number
-        if self._nacks:
-            for seq in sorted(self._nacks):
-                out.append(frames.encode_basic_nack(ch, seq, False))
-            self._nacks = []
-        acks = self._acks
-        if acks:
-            self._acks = []
-            acks.sort()
-            low = next(iter(self.unconfirmed)) if self.unconfirmed else None
-            below = acks if low is None else [a for a in acks if a < low]
-            if below:
-                out.append(frames.encode_basic_ack(ch, below[-1], len(below) > 1))
-            if len(below) < len(acks):
-                for a in acks[len(below) :]:
-                    out.append(frames.encode_basic_ack(ch, a, False))
+        out = [frames.encode_basic_nack(ch, seq, False) for seq in nacks]
+        out += [frames.encode_basic_ack(ch, seq, multiple) for seq, multiple in acks]
         if out:
             self.confirmed += len(out)
             self.writer.send_many(out)
@@ -1095,11 +904,7 @@ class Channel:
         if self.confirm:
             raise ChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
         self.tx = True
-        self._send(commands.Tx.SelectOk())
-
-    def _tx_check(self, tag: int, multiple: bool) -> None:
-        if (tag or not multiple) and tag not in self.unacked:
-            raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+        self.send(commands.Tx.SelectOk())
 
     def _tx_commit(self, m: commands.Tx.Commit) -> None:
         if not self.tx:
@@ -1111,16 +916,16 @@ class Channel:
         acks, self._tx_acks = self._tx_acks, []
         for action, tag, multiple, requeue in acks:
             if multiple or tag in self.unacked:
-                self._settle(self._take_unacked(tag, multiple), action, requeue)
+                self._settle(self.unacked.take(tag, multiple), action, requeue)
         self._flush_batch()
-        self._send(commands.Tx.CommitOk())
+        self.send(commands.Tx.CommitOk())
 
     def _tx_rollback(self, m: commands.Tx.Rollback) -> None:
         if not self.tx:
             raise ChannelError(PRECONDITION_FAILED, "channel is not transactional")
         self._tx_publishes.clear()
         self._tx_acks.clear()
-        self._send(commands.Tx.RollbackOk())
+        self.send(commands.Tx.RollbackOk())
 
     # -- introspection ----------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
@@ -1133,7 +938,7 @@ class Channel:
             "transactional": self.tx,
             "consumer_count": len(self.consumers),
             "messages_unacknowledged": len(self.unacked),
-            "messages_unconfirmed": len(self.unconfirmed),
+            "messages_unconfirmed": len(self.confirms),
             "prefetch_count": self.prefetch_count,
             "global_prefetch_count": self.global_prefetch,
         }
@@ -1181,15 +986,15 @@ _HANDLERS: dict[type, Any] = {
     commands.Channel.CloseOk: Channel._channel_close_ok,
     commands.Channel.Flow: Channel._channel_flow,
     commands.Channel.Open: Channel._channel_open,
-    commands.Exchange.Declare: Channel._exchange_declare,
-    commands.Exchange.Delete: Channel._exchange_delete,
-    commands.Exchange.Bind: Channel._exchange_bind,
-    commands.Exchange.Unbind: Channel._exchange_unbind,
-    commands.Queue.Declare: Channel._queue_declare,
-    commands.Queue.Bind: Channel._queue_bind,
-    commands.Queue.Unbind: Channel._queue_unbind,
+    commands.Exchange.Declare: channel_methods.exchange_declare,
+    commands.Exchange.Delete: channel_methods.exchange_delete,
+    commands.Exchange.Bind: channel_methods.exchange_bind,
+    commands.Exchange.Unbind: channel_methods.exchange_unbind,
+    commands.Queue.Declare: channel_methods.queue_declare,
+    commands.Queue.Bind: channel_methods.queue_bind,
+    commands.Queue.Unbind: channel_methods.queue_unbind,
     commands.Queue.Purge: Channel._queue_purge,
-    commands.Queue.Delete: Channel._queue_delete,
+    commands.Queue.Delete: channel_methods.queue_delete,
     commands.Basic.Qos: Channel._basic_qos,
     commands.Basic.Consume: Channel._basic_consume,
     commands.Basic.Cancel: Channel._basic_cancel,

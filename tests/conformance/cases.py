@@ -340,6 +340,26 @@ tags("reject-zero", m(1, Ba.Reject(delivery_tag=0)))
 tags("recover-requeue", m(1, Ba.Recover(requeue=True)))
 tags("recover-no-requeue", m(1, Ba.Recover(requeue=False)))
 tags("recover-async", m(1, Ba.RecoverAsync(requeue=True)))
+
+
+def no_tags(name: str, *methods: object) -> None:
+    # nothing outstanding: the empty case of each form, which a fast path may skip past
+    row(f"tags/empty-{name}", [*methods], [m(1, Qu.Declare(queue="cf.q", passive=True))],
+        setup=[m(1, declare_q())])
+
+
+no_tags("ack-zero-multiple", m(1, Ba.Ack(delivery_tag=0, multiple=True)))
+no_tags("ack-zero-single", m(1, Ba.Ack(delivery_tag=0)))
+no_tags("ack-one", m(1, Ba.Ack(delivery_tag=1)))
+no_tags("ack-one-multiple", m(1, Ba.Ack(delivery_tag=1, multiple=True)))
+no_tags("nack-zero-multiple", m(1, Ba.Nack(delivery_tag=0, multiple=True)))
+no_tags("nack-zero-single", m(1, Ba.Nack(delivery_tag=0)))
+no_tags("nack-one-multiple", m(1, Ba.Nack(delivery_tag=1, multiple=True)))
+no_tags("reject-zero", m(1, Ba.Reject(delivery_tag=0)))
+no_tags("reject-one", m(1, Ba.Reject(delivery_tag=1)))
+no_tags("recover", m(1, Ba.Recover(requeue=True)))
+no_tags("tx-ack-zero-multiple", m(1, Tx.Select()), m(1, Ba.Ack(delivery_tag=0, multiple=True)),
+        m(1, Tx.Commit()))
 row("tags/get-no-ack-then-ack", [m(1, Ba.Get(queue="cf.q", no_ack=True)),
                                  m(1, Ba.Ack(delivery_tag=1))], setup=THREE)
 row("tags/ack-on-other-channel", GET3, [m(2, Ba.Ack(delivery_tag=1))], setup=THREE,
