@@ -13,7 +13,6 @@ import base64
 import os
 from collections import OrderedDict
 from collections.abc import Awaitable
-from inspect import isawaitable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -57,7 +56,7 @@ from broker.routing.router import may_have_cc, routing_keys
 from broker.server.direct_reply import REPLY_PREFIX, REPLY_QUEUE, may_reply_to
 
 if TYPE_CHECKING:
-    from broker.queue.amqqueue import AMQQueue
+    from broker.queue.contract import QueueType
     from broker.queue.variable_queue import Entry
     from broker.routing.exchange import Exchange
     from broker.server.reader import Reader
@@ -95,7 +94,7 @@ class Channel:
         self._acks: list[int] = []
         self._nacks: list[int] = []
         self._confirm_flush_scheduled = False
-        self._batch: dict[AMQQueue, list[tuple[Message, int]]] = {}
+        self._batch: dict[QueueType, list[tuple[Message, int]]] = {}
         self._mandatory: dict[Message, int] = {}  # this batch's mandatory publishes: queues
         # exchanges this channel may publish to (write permission, not internal), by name;
         # kept as the object checked so a deleted-and-redeclared exchange is checked again.
@@ -112,7 +111,7 @@ class Channel:
         # direct reply-to: (consumer tag, the tag as a shortstr, reply name) while consuming
         # from amq.rabbitmq.reply-to
         self.reply_consumer: tuple[str, bytes, str] | None = None
-        self.unacked: OrderedDict[int, tuple[AMQQueue, int, Consumer | None]] = OrderedDict()
+        self.unacked: OrderedDict[int, tuple[QueueType, int, Consumer | None]] = OrderedDict()
         self.next_tag = 1
         self.prefetch_count = 0  # applies to consumers created after basic.qos(global=false)
         self.global_prefetch = 0
@@ -126,7 +125,7 @@ class Channel:
             settings.credit_flow_more_credit_after,
         )
         self.published_since_alarm = False
-        self._posted: set[AMQQueue] = set()  # queues we sent to: told when we go
+        self._posted: set[QueueType] = set()  # queues we sent to: told when we go
         self.published = 0
         self.confirmed = 0  # basic.ack/nack sent to a confirm-mode publisher (metrics)
         self.returned = 0  # basic.return sent (metrics)
@@ -277,7 +276,7 @@ class Channel:
             consumer.queue.remove_consumer(consumer)
         self.consumers.clear()
         self._stop_replies()
-        by_queue: dict[AMQQueue, list[int]] = {}
+        by_queue: dict[QueueType, list[int]] = {}
         for queue, seq, _ in self.unacked.values():
             by_queue.setdefault(queue, []).append(seq)
         self.unacked.clear()
@@ -537,9 +536,7 @@ class Channel:
         m.queue = self._last_queue(m.queue)
         self._check("read", "queue", m.queue)
         q = self.vhost.queue(m.queue, self.reader)
-        count = q.purge()
-        if isawaitable(count):
-            count = await count
+        count = await q.purge()
         if not m.nowait:
             self._send(commands.Queue.PurgeOk(message_count=count))
 
@@ -670,9 +667,7 @@ class Channel:
         q = self.vhost.queue(m.queue, self.reader)
         if not self.writer.writable:
             raise _WriterBusy
-        got = q.get(not m.no_ack)
-        if isawaitable(got):  # a queue on another node of a cluster answers over the link
-            got = await got
+        got = await q.get(not m.no_ack)
         if got is None:
             self._send(commands.Basic.GetEmpty())
             return
@@ -697,7 +692,7 @@ class Channel:
         )
 
     # -- delivery (called by queues; Consumer.can_take says whether one may come) ----------
-    def deliver(self, consumer: Consumer, queue: AMQQueue, entry: Entry) -> None:
+    def deliver(self, consumer: Consumer, queue: QueueType, entry: Entry) -> None:
         tag = self.next_tag
         self.next_tag = tag + 1
         msg = entry[1]
@@ -729,7 +724,7 @@ class Channel:
             q.wake()
 
     # -- acks from the client ---------------------------------------------------------------
-    def _take_unacked(self, tag: int, multiple: bool) -> list[tuple[AMQQueue, int, Any]]:
+    def _take_unacked(self, tag: int, multiple: bool) -> list[tuple[QueueType, int, Any]]:
         unacked = self.unacked
         if multiple:
             out = []
@@ -752,8 +747,9 @@ class Channel:
             raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
         return [record]
 
-    def _settle(self, records: list[tuple[AMQQueue, int, Any]], action: str, requeue: bool) -> None:
-        by_queue: dict[AMQQueue, list[int]] = {}
+    def _settle(self, records: list[tuple[QueueType, int, Any]], action: str,
+                requeue: bool) -> None:
+        by_queue: dict[QueueType, list[int]] = {}
         freed = 0
         for queue, seq, consumer in records:
             if consumer is not None:
@@ -1042,7 +1038,7 @@ class Channel:
         if not m.nowait:
             self._send(commands.Confirm.SelectOk())
 
-    def queue_confirmed(self, queue: AMQQueue, seqs: list[int], rejected: list[int]) -> None:
+    def queue_confirmed(self, queue: QueueType, seqs: list[int], rejected: list[int]) -> None:
         if self.state is not _OPEN or not self.confirm:
             return
         unconfirmed = self.unconfirmed
