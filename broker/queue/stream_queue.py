@@ -124,11 +124,6 @@ def _credit(vhost: VHost) -> tuple[int, int]:
 
 
 class StreamQueue:
-    # what every queue has that a stream does not use (the management API reads them)
-    bq = None
-    durability = None
-    active_consumer = None
-
     def __init__(
         self,
         vhost: VHost,
