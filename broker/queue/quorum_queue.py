@@ -324,6 +324,7 @@ class QuorumQueue(AMQQueue):
         confirms: dict[PublishingChannel, tuple[list[int], list[int]]] = {}
         while uncommitted and uncommitted[0][0] <= commit:
             _, seq, msg, embedded, channel, cseq = uncommitted.popleft()
+            slot: tuple[list[int], list[int]] | None = None  # the channel's (acks, nacks)
             if channel is not None:
                 held[channel] = held.get(channel, 0) + 1
                 slot = confirms.get(channel)
@@ -331,14 +332,14 @@ class QuorumQueue(AMQQueue):
                     slot = confirms[channel] = ([], [])
             if reject_publish and self._full(len(msg.body)):
                 self.log.ack([seq])
-                if cseq and channel is not None:
+                if cseq and slot is not None:
                     slot[1].append(cseq)
                 continue
             expires_at = (self._expiry_for(msg, ttl, now)
                           if ttl is not None or msg.has_expiration else 0.0)
             bq.append_written(seq, msg, embedded, expires_at)
             self.published += 1
-            if cseq and channel is not None:
+            if cseq and slot is not None:
                 slot[0].append(cseq)
         if (args.max_length is not None or args.max_length_bytes is not None) and (
                 not reject_publish):
