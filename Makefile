@@ -19,8 +19,11 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -rs
 
+# ruff everywhere; mypy over the packages of pyproject.toml's [tool.mypy] (the queue-type
+# contract, broker/queue/contract.py, is what it holds)
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # Starts a Hare of its own on port 5673 (fresh data dir) and runs every hare-perf scenario
 # against it; a RabbitMQ answering on 5672 is measured first, so ratios read Hare/RabbitMQ.

@@ -37,6 +37,7 @@ from broker.vhost_params import VHostParams
 
 if TYPE_CHECKING:
     from broker.node import Node
+    from broker.queue.contract import QueueType
 
 __all__ = ["PREDECLARED", "VHost"]
 
@@ -56,7 +57,7 @@ class VHost:
         self.name = name
         self.node = node
         self.exchanges: dict[str, Exchange] = {}
-        self.queues: dict[str, AMQQueue] = {}
+        self.queues: dict[str, QueueType] = {}  # any queue type (broker/queue/contract.py)
         self.default_exchange = Exchange("", "direct", durable=True)
         self.exchanges[""] = self.default_exchange
         for xname, xtype in PREDECLARED:
@@ -313,7 +314,7 @@ class VHost:
                        auto_delete=auto_delete)
         self.params.check_new_queue(name)
 
-    def delete_queue(self, q: AMQQueue, *, if_unused: bool = False, if_empty: bool = False) -> int:
+    def delete_queue(self, q: QueueType, *, if_unused: bool = False, if_empty: bool = False) -> int:
         if if_unused and q.consumers:
             raise ChannelError(PRECONDITION_FAILED, f"queue '{q.name}' {self._where()} in use")
         if if_empty and q.message_count:
@@ -333,7 +334,7 @@ class VHost:
         return count
 
     def bind_queue(
-        self, queue: AMQQueue, exchange: str, routing_key: str, arguments: dict[str, Any]
+        self, queue: QueueType, exchange: str, routing_key: str, arguments: dict[str, Any]
     ) -> None:
         ex = self.exchange(exchange)
         self._not_default(ex)
@@ -341,7 +342,7 @@ class VHost:
             self._changed("put_binding", (ex, queue, routing_key, arguments))
 
     def unbind_queue(
-        self, queue: AMQQueue | None, exchange: str, routing_key: str, arguments: dict[str, Any]
+        self, queue: QueueType | None, exchange: str, routing_key: str, arguments: dict[str, Any]
     ) -> None:
         """`queue` None: it no longer exists. Like a missing exchange, that is unbind-ok (as
         RabbitMQ), but unbinding from the default exchange is 403 either way."""

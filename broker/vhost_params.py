@@ -18,7 +18,7 @@ from broker.queue.policy_args import AppliedPolicies
 from broker.server.reader import OPENED
 
 if TYPE_CHECKING:
-    from broker.queue.amqqueue import AMQQueue
+    from broker.queue.contract import QueueType
     from broker.routing.exchange import Exchange
     from broker.vhost import VHost
 
@@ -67,7 +67,7 @@ class VHostParams:
         for ex in list(self.vhost.exchanges.values()):
             self.apply_to_exchange(ex)
 
-    def apply_to_queue(self, q: AMQQueue) -> None:
+    def apply_to_queue(self, q: QueueType) -> None:
         policy = self.policies.match("queues", q.name)
         operator = self.operator_policies.match("queues", q.name)
         applied = q.args.applied

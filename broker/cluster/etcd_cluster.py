@@ -34,6 +34,8 @@ from broker.store.definitions import decode_table, encode_table
 if TYPE_CHECKING:
     from broker.node import Node
     from broker.queue.consumer import Consumer
+    from broker.queue.contract import QueueType
+    from broker.queue.quorum_queue import QuorumQueue
     from broker.vhost import VHost
 
 __all__ = ["ETCD_ALARM", "EtcdCluster", "node_id"]
@@ -215,7 +217,7 @@ class EtcdCluster:
         return out
 
     def alarms(self) -> list[dict[str, str]]:
-        out = []
+        out: list[dict[str, str]] = []
         for m in self.members():
             if m.running:
                 out.extend({"node": m.name, "resource": r} for r in m.card.get("alarms", []))
@@ -317,9 +319,7 @@ class EtcdCluster:
         await self.metadata.commit()
 
     async def counts(self, queue: Any) -> tuple[int, int]:
-        if isinstance(queue, RemoteQueue):
-            return await queue.counts()
-        return queue.message_count, queue.consumer_count
+        return await queue.counts()
 
     async def change_queue_members(self, vhost: str, name: str, *, add: str | None,
                                    remove: str | None) -> dict[str, Any]:
@@ -335,6 +335,7 @@ class EtcdCluster:
             return
         name = record["name"]
         existing = vhost.queues.get(name)
+        q: QueueType
         if record["node"] == self.node.name:
             if isinstance(existing, AMQQueue | StreamQueue):
                 return
@@ -352,11 +353,11 @@ class EtcdCluster:
         else:
             if isinstance(existing, RemoteQueue) and existing.home == record["node"]:
                 return
-            q = RemoteQueue(vhost, record, self)  # type: ignore[assignment]
+            q = RemoteQueue(vhost, record, self)
         if existing is not None:
             existing.shutdown()
         vhost.queues[name] = q
-        vhost.params.apply_to_queue(q)  # type: ignore[arg-type]
+        vhost.params.apply_to_queue(q)
         if isinstance(q, AMQQueue | StreamQueue):
             q.start()
         vhost._changed("put_queue", q)
@@ -383,7 +384,7 @@ class EtcdCluster:
         with self.metadata.quiet():
             vhost._changed("put_queue", q)
 
-    def uninstall_queue(self, vhost: VHost, q: AMQQueue) -> None:
+    def uninstall_queue(self, vhost: VHost, q: QuorumQueue) -> None:
         """A quorum queue leader steps down: its consumers are cancelled and it stops, its
         member log kept for the replica that takes it."""
         self._cancel_consumers(q)

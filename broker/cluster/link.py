@@ -27,7 +27,6 @@ import hashlib
 import hmac
 import json
 import os
-from inspect import isawaitable
 from itertools import count
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +54,7 @@ if TYPE_CHECKING:
     from broker.cluster.etcd_cluster import EtcdCluster
     from broker.cluster.remote_queue import RemoteQueue
     from broker.queue.consumer import Consumer
-    from broker.server.channel import Channel
+    from broker.queue.contract import PublishingChannel
 
 __all__ = ["Link", "LinkError", "Links"]
 
@@ -95,8 +94,8 @@ class Link:
         self._draining: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
         # publisher side: our channels by sender id, confirms they still wait for
-        self._sender_ids: dict[Channel, int] = {}
-        self._senders: dict[int, Channel] = {}
+        self._sender_ids: dict[PublishingChannel, int] = {}
+        self._senders: dict[int, PublishingChannel] = {}
         self._ids = count(1)
         self._inflight: dict[tuple[int, RemoteQueue], dict[int, None]] = {}
         # consumer side: our consumers of the peer's queues, by consumer id
@@ -131,7 +130,7 @@ class Link:
             self.writer.writelines(out)
             if (self.writer.transport.get_write_buffer_size() > HIGH_WATER
                     and self._draining is None):
-                self.channel.full = True
+                self.channel.writer.full = True
                 self._draining = asyncio.get_running_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
@@ -166,14 +165,14 @@ class Link:
             self._calls.pop(call_id, None)
 
     # -- publisher side ---------------------------------------------------------------------
-    def sender_id(self, channel: Channel) -> int:
+    def sender_id(self, channel: PublishingChannel) -> int:
         sid = self._sender_ids.get(channel)
         if sid is None:
             sid = self._sender_ids[channel] = next(self._ids)
             self._senders[sid] = channel
         return sid
 
-    def publish(self, rq: RemoteQueue, channel: Channel | None,
+    def publish(self, rq: RemoteQueue, channel: PublishingChannel | None,
                 items: list[tuple[Message, int]]) -> None:
         sid = 0 if channel is None else self.sender_id(channel)
         if sid:
@@ -187,7 +186,7 @@ class Link:
         self.send(encode_publish(sid, rq.vhost.name, rq.name, [
             (seq, m.exchange, m.routing_key, m.props, m.body) for m, seq in items]))
 
-    def sender_down(self, channel: Channel) -> None:
+    def sender_down(self, channel: PublishingChannel) -> None:
         sid = self._sender_ids.pop(channel, None)
         if sid is not None:
             del self._senders[sid]
@@ -206,7 +205,7 @@ class Link:
                 inflight.pop(seq, None)
             for seq in m["nacks"]:
                 inflight.pop(seq, None)
-        channel.queue_confirmed(rq, m["acks"], m["nacks"])  # type: ignore[arg-type]
+        channel.queue_confirmed(rq, m["acks"], m["nacks"])
 
     def _on_bump(self, m: dict[str, Any]) -> None:
         channel = self._senders.get(m["sid"])
@@ -248,10 +247,10 @@ class Link:
                                            redelivered, 0.0))
 
     # -- home side: what the peer asks of our queues ----------------------------------------
-    def _local_queue(self, vhost: str, name: str) -> AMQQueue | None:
+    def _local_queue(self, vhost: str, name: str) -> AMQQueue | StreamQueue | None:
         v = self.cluster.node.vhosts.get(vhost)
         q = v.queues.get(name) if v is not None else None
-        return q if isinstance(q, AMQQueue | StreamQueue) else None  # type: ignore[return-value]
+        return q if isinstance(q, AMQQueue | StreamQueue) else None
 
     def _on_publish(self, payload: bytes) -> None:
         sid, vhost, name, raw = decode_publish(payload)
@@ -270,7 +269,7 @@ class Link:
         if proxy is None:
             proxy = self._proxies[sid] = LinkSender(self, sid)
         proxy.posted.add(q)
-        q.post_publishes(proxy, items)  # type: ignore[arg-type]
+        q.post_publishes(proxy, items)
 
     def _on_sender_down(self, m: dict[str, Any]) -> None:
         proxy = self._proxies.pop(m["sid"], None)
@@ -290,9 +289,7 @@ class Link:
         if q is None:
             return {"missing": True}
         if op == "get":
-            got = q.get(m["ack"])
-            if isawaitable(got):  # a quorum queue waits for earlier publishes to commit
-                got = await got
+            got = await q.get(m["ack"])
             if got is None:
                 return {"empty": True}
             (seq, msg, redelivered, _), remaining = got
@@ -303,7 +300,7 @@ class Link:
                     "props": base64.b64encode(msg.props).decode(),
                     "body": base64.b64encode(msg.body).decode()}
         if op == "purge":
-            return {"count": q.purge()}
+            return {"count": await q.purge()}
         if op == "count":
             return {"messages": q.message_count, "consumers": q.consumer_count}
         return {"error": f"unknown call {op}"}
@@ -388,7 +385,7 @@ class Link:
             channel = self._senders.get(sid)
             if channel is not None:
                 if inflight:
-                    channel.queue_confirmed(rq, [], list(inflight))  # type: ignore[arg-type]
+                    channel.queue_confirmed(rq, [], list(inflight))
                 channel.credit_flow.peer_down(rq)
         self._inflight.clear()
         for channel in self._senders.values():

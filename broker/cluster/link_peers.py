@@ -16,10 +16,11 @@ from broker.store.definitions import decode_table
 
 if TYPE_CHECKING:
     from broker.cluster.link import Link
-    from broker.queue.amqqueue import AMQQueue
+    from broker.message import Message
+    from broker.queue.contract import QueueType
     from broker.queue.variable_queue import Entry
 
-__all__ = ["LinkChannel", "LinkSender"]
+__all__ = ["LinkBackPressure", "LinkChannel", "LinkSender"]
 
 
 class LinkSender:
@@ -28,7 +29,7 @@ class LinkSender:
     def __init__(self, link: Link, sid: int) -> None:
         self.link = link
         self.sid = sid
-        self.posted: set[AMQQueue] = set()
+        self.posted: set[QueueType] = set()
         s = link.cluster.node.settings
         self.credit_flow = CreditFlow(self, s.credit_flow_initial_credit,
                                       s.credit_flow_more_credit_after, deliver_bump=self._bump)
@@ -38,10 +39,14 @@ class LinkSender:
         self.link.control({"op": "bump", "sid": self.sid, "v": queue.vhost.name,
                            "q": queue.name, "n": amount})
 
-    def queue_confirmed(self, queue: AMQQueue, seqs: list[int], rejected: list[int]) -> None:
+    def queue_confirmed(self, queue: QueueType, seqs: list[int], rejected: list[int]) -> None:
         if seqs or rejected:
             self.link.control({"op": "confirm", "sid": self.sid, "v": queue.vhost.name,
                                "q": queue.name, "acks": seqs, "nacks": rejected})
+
+    def publishes_lost(self, queue: Any, items: list[tuple[Message, int]]) -> None:
+        """Not taken by queue: nacked, as for a queue deleted meanwhile."""
+        self.queue_confirmed(queue, [], [seq for _, seq in items if seq])
 
     def down(self) -> None:
         for q in self.posted:
@@ -57,28 +62,36 @@ class _LinkReader:
         self.peer = (peer, 0)
 
 
-class LinkChannel:
-    """The peer's consumers of our queues, as one channel: `Consumer.can_take` asks it about
-    back-pressure (the link's socket), and the queue calls `deliver`."""
+class LinkBackPressure:
+    """The link's socket as a consumer's writer (broker/queue/contract.py ConsumerWriter):
+    full while its buffer is past the high-water mark; never paused on its own."""
 
-    state = ChannelState.OPEN
-    flow_active = True
-    global_prefetch = 0
-    consumer_unacked = 0
-    number = 0
-    paused = False  # as a writer (Consumer.can_take reads channel.writer.paused / .full)
+    def __init__(self) -> None:
+        self.paused = False
+        self.full = False
+
+
+class LinkChannel:
+    """The peer's consumers of our queues, as one channel (broker/queue/contract.py
+    ConsumerChannel): `Consumer.can_take` asks its writer about back-pressure (the link's
+    socket), and the queue calls `deliver`."""
+
+    number = 0  # what the management API shows as its channel
 
     def __init__(self, link: Link) -> None:
         self.link = link
-        self.writer = self
-        self.full = False
+        self.state = ChannelState.OPEN
+        self.flow_active = True
+        self.global_prefetch = 0
+        self.consumer_unacked = 0  # stays 0: the peer's channel holds its global prefetch
+        self.writer = LinkBackPressure()
         self.reader = _LinkReader(link.peer)
         self.user = "(cluster)"
         self.consumers: dict[int, Consumer] = {}
         self._cids: dict[Consumer, int] = {}
         # deliveries the peer has not settled, by a number of the link's own (a queue's seq
         # is not enough: two consumers of one stream read the same offsets)
-        self._unacked: dict[int, tuple[AMQQueue, int, Consumer | None]] = {}
+        self._unacked: dict[int, tuple[QueueType, int, Consumer | None]] = {}
         self._next_id = 1
         self._out: dict[int, list[DeliverItem]] = {}
 
@@ -87,7 +100,7 @@ class LinkChannel:
         if q is None or q.deleted:
             self.link.control({"op": "cancel", "cid": m["cid"]})
             return
-        c = Consumer(m["tag"], self, q, no_ack=m["no_ack"],  # type: ignore[arg-type]
+        c = Consumer(m["tag"], self, q, no_ack=m["no_ack"],
                      exclusive=m["exclusive"], prefetch=m["prefetch"], priority=m["priority"],
                      arguments=decode_table(m["args"]) if m.get("args") else None)
         self.consumers[m["cid"]] = c
@@ -100,7 +113,7 @@ class LinkChannel:
             del self._cids[c]
             c.queue.remove_consumer(c)
 
-    def deliver(self, consumer: Consumer, queue: AMQQueue, entry: Entry) -> None:
+    def deliver(self, consumer: Consumer, queue: QueueType, entry: Entry) -> None:
         cid = self._cids[consumer]
         seq, msg = entry[0], entry[1]
         if not consumer.no_ack:
@@ -120,7 +133,7 @@ class LinkChannel:
             for cid, items in out.items():
                 self.link._out.extend(encode_deliver(cid, items))
 
-    def got(self, queue: AMQQueue, seq: int) -> int:
+    def got(self, queue: QueueType, seq: int) -> int:
         """A basic.get of the peer's that must be acked: the number it settles it by."""
         delivery = self._next_id
         self._next_id = delivery + 1
@@ -129,7 +142,7 @@ class LinkChannel:
 
     def settle(self, ids: list[int], op: str, requeue: bool) -> None:
         """The peer settled these deliveries (the link's numbers, see deliver)."""
-        by_queue: dict[AMQQueue, list[int]] = {}
+        by_queue: dict[QueueType, list[int]] = {}
         for delivery in ids:
             record = self._unacked.pop(delivery, None)
             if record is None:
@@ -160,7 +173,7 @@ class LinkChannel:
             self.link.control({"op": "cancel", "cid": cid})
 
     def resume(self) -> None:
-        self.full = False
+        self.writer.full = False
         for q in {c.queue for c in self.consumers.values()}:
             q.wake()
 
@@ -170,7 +183,7 @@ class LinkChannel:
             c.queue.remove_consumer(c)
         self.consumers.clear()
         self._cids.clear()
-        by_queue: dict[AMQQueue, list[int]] = {}
+        by_queue: dict[QueueType, list[int]] = {}
         for q, seq, _ in self._unacked.values():
             by_queue.setdefault(q, []).append(seq)
         self._unacked.clear()

@@ -126,7 +126,7 @@ class LocalCluster:
         pass
 
     async def counts(self, queue: Any) -> tuple[int, int]:
-        return queue.message_count, queue.consumer_count
+        return await queue.counts()
 
     async def change_queue_members(self, vhost: str, name: str, *, add: str | None,
                                    remove: str | None) -> dict[str, Any]:

@@ -413,16 +413,17 @@ class QuorumCoordinator:
             return
         vhost = self.node.vhosts.get(key[0])
         q = vhost.queues.get(key[1]) if vhost is not None else None
-        leading = isinstance(q, QuorumQueue) and isinstance(q.followers, LeaderFollowers)
+        leading = (q.followers if isinstance(q, QuorumQueue)
+                   and isinstance(q.followers, LeaderFollowers) else None)
         if op == "q_copy":
-            if leading and int(m["epoch"]) == q.epoch:  # type: ignore[union-attr]
-                q.followers.copy_request(link, m)  # type: ignore[union-attr]
+            if leading is not None and int(m["epoch"]) == leading.queue.epoch:
+                leading.copy_request(link, m)
             else:
                 link.control({"op": "q_not_leader", "v": key[0], "q": key[1],
                               "epoch": m["epoch"]})
         elif op == "q_pos":
-            if leading:
-                q.followers.position(link.peer, m)  # type: ignore[union-attr]
+            if leading is not None:
+                leading.position(link.peer, m)
         elif op == "q_not_leader":
             # the node the record names does not lead (yet: a declare under way; or no more:
             # it restarted, and an election is due): ask again shortly

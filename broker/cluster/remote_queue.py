@@ -1,6 +1,6 @@
-"""A queue homed on another node, as this node's vhost holds it: enough of AMQQueue for
-routing, declare/bind/delete rules and the management API; messages and consumers go over the
-inter-node link to the home node (broker/cluster/link.py)."""
+"""A queue homed on another node, as this node's vhost holds it: the queue-type contract
+(broker/queue/contract.py) for routing, declare/bind/delete rules and the management API;
+messages and consumers go over the inter-node link to the home node (broker/cluster/link.py)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,21 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from broker.cluster.link import LinkError
+from broker.flow.credit_flow import CreditFlow
 from broker.message import Message
 from broker.protocol.constants import NOT_FOUND
 from broker.protocol.errors import ChannelError
 from broker.queue.arguments import QueueArgs
+from broker.queue.policy_args import AppliedPolicies, effective_arguments
 from broker.queue.stream_queue import check_stream_consume, not_supported
 from broker.store.definitions import decode_table
 
 if TYPE_CHECKING:
     from broker.cluster.etcd_cluster import EtcdCluster
     from broker.cluster.link import Link
-    from broker.policy import Policy
     from broker.queue.consumer import Consumer
+    from broker.queue.contract import PublishingChannel
     from broker.queue.variable_queue import Entry
-    from broker.server.channel import Channel
     from broker.vhost import VHost
 
 __all__ = ["REMOTE_OWNER", "RemoteQueue"]
@@ -38,11 +39,12 @@ class _RemoteOwner:
 REMOTE_OWNER = _RemoteOwner()
 
 
-class _RemoteCredit:
+class _RemoteCredit(CreditFlow):
     """A RemoteQueue's side of credit flow: the home node's queue grants (BUMP frames), so
     all that is left here is telling it when a publishing channel goes."""
 
     def __init__(self, rq: RemoteQueue) -> None:
+        super().__init__(rq)
         self.rq = rq
 
     def peer_down(self, channel: Any) -> None:
@@ -53,11 +55,6 @@ class _RemoteCredit:
 
 
 class RemoteQueue:
-    bq = None
-    durability = None
-    active_consumer = None
-    published = delivered = acked = redelivered = 0
-
     def __init__(self, vhost: VHost, record: dict[str, Any], cluster: EtcdCluster) -> None:
         self.vhost = vhost
         self.cluster = cluster
@@ -68,12 +65,9 @@ class RemoteQueue:
         self.exclusive_owner: object | None = REMOTE_OWNER if record["exclusive"] else None
         self.arguments: dict[str, Any] = decode_table(record["arguments"])
         self.args = QueueArgs(self.arguments)
-        self.policy: Policy | None = None
-        self.operator_policy: Policy | None = None
-        self.effective_policy: dict[str, Any] = {}
         self.consumers: deque[Consumer] = deque()  # this node's consumers of it
         self.deleted = False
-        self._senders: set[Channel] = set()  # channels that published to it: told when it goes
+        self._senders: set[PublishingChannel] = set()  # told when it goes
         self.credit_flow = _RemoteCredit(self)
         # a quorum queue's members and leader epoch (None: a queue homed on one node)
         self.members: list[str] | None = None
@@ -103,19 +97,19 @@ class RemoteQueue:
         if not self.available():
             raise self._home_down()
 
-    def set_policies(self, policy: Policy | None, operator_policy: Policy | None,
-                     effective: dict[str, Any]) -> None:
-        self.policy, self.operator_policy, self.effective_policy = (
-            policy, operator_policy, effective)
+    def set_policies(self, applied: AppliedPolicies) -> None:
+        """What the management API shows; the home node applies them."""
+        self.args = QueueArgs(effective_arguments(self.arguments, applied.effective), applied)
 
-    def post_publishes(self, channel: Channel | None, items: list[tuple[Message, int]]) -> None:
+    def post_publishes(self, channel: PublishingChannel | None,
+                       items: list[tuple[Message, int]]) -> None:
         """A batch routed here: over the link to the home node; the home node down, the
         messages are lost for this queue (the channel returns and nacks what reached no
         live queue)."""
         link = self.cluster.links.get(self.home)
         if link is None:
             if channel is not None:
-                channel.publishes_lost(self, items)  # type: ignore[arg-type]
+                channel.publishes_lost(self, items)
             return
         if channel is not None:
             self._senders.add(channel)

@@ -424,7 +424,7 @@ async def queue_purge(request: web.Request) -> web.Response:
     vhost = vhost_of(request.app[NODE], request.match_info["vhost"])
     q = _queue(vhost, request.match_info["name"])
     await require(request, vhost.name, "queue", q.name, "read")
-    q.purge()
+    await q.purge()
     return no_content()
 
 

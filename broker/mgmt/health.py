@@ -108,7 +108,7 @@ async def aliveness_test(request: web.Request) -> web.Response:
                   b"test_message")
     for target in vhost.route(vhost.default_exchange, msg):
         target.post_publishes(None, [(msg, 0)])
-    got = q.get(False)
+    got = await q.get(False)
     if got is None:
         return _failed("aliveness-test queue is empty")
     return _ok()

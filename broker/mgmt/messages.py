@@ -140,7 +140,7 @@ async def get(request: web.Request) -> web.Response:
         raise ApiError(400, "encoding must be 'auto' or 'base64'")
     taken: list[int] = []
     try:
-        text = dumps(_take(q, count, encoding, truncate, taken))
+        text = dumps(await _take(q, count, encoding, truncate, taken))
     except BaseException:
         q.requeue(taken)  # whatever went wrong, what was taken goes back
         raise
@@ -154,12 +154,12 @@ async def get(request: web.Request) -> web.Response:
     return web.Response(text=text, content_type="application/json")
 
 
-def _take(q: AMQQueue, count: int, encoding: str, truncate: Any,
+async def _take(q: AMQQueue, count: int, encoding: str, truncate: Any,
           taken: list[int]) -> list[dict[str, Any]]:
     """Up to `count` messages as JSON objects; their seq_ids go to `taken` as they are got."""
     out: list[dict[str, Any]] = []
     for _ in range(count):
-        got = q.get(True)
+        got = await q.get(True)
         if got is None:
             break
         (seq, msg, redelivered, _), remaining = got

@@ -12,12 +12,12 @@ from urllib.parse import quote
 from broker import __version__
 from broker.access import rfc4514
 from broker.mgmt.stats import QUEUE_COUNTERS, Stats, details
+from broker.queue.amqqueue import AMQQueue
 from broker.routing.exchange import Binding, Exchange
 
 if TYPE_CHECKING:
     from broker.node import Node
     from broker.policy import Policy
-    from broker.queue.amqqueue import AMQQueue
     from broker.queue.consumer import Consumer
     from broker.server.channel import Channel
     from broker.server.reader import Reader
@@ -53,7 +53,7 @@ def queue_json(q: AMQQueue, stats: Stats, node_name: str) -> dict[str, Any]:
     messages = int(info.get("messages", 0))
     body_bytes = int(info.get("message_bytes_ready", 0))
     owner = q.exclusive_owner
-    sac = q.active_consumer
+    sac = q.active_consumer if isinstance(q, AMQQueue) else None  # one homed here
     return {
         "name": q.name,
         "vhost": q.vhost.name,
@@ -100,7 +100,7 @@ def _name(policy: Policy | None) -> str | None:
 def _paging(q: AMQQueue) -> dict[str, Any]:
     """Where the ready messages are (RAM or paged out), and the part of RabbitMQ's
     backing_queue_status that says so."""
-    bq = q.bq
+    bq = q.bq if isinstance(q, AMQQueue) else None  # one homed here
     if bq is None:
         return {}
     ready, ram, target = len(bq), bq.ram_msg_count, bq.target_ram_count

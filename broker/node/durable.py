@@ -183,7 +183,7 @@ class Durable:
                 stream = StreamQueue(vhost, qd.name, arguments=dict(qd.arguments))
                 stream.log = self._stream_log(stream)
                 vhost.queues[qd.name] = stream
-                vhost.params.apply_to_queue(stream)  # type: ignore[arg-type]
+                vhost.params.apply_to_queue(stream)
                 streams.append(stream)
                 continue
             q = queue_class(qd.arguments)(vhost, qd.name, durable=True,

@@ -20,6 +20,7 @@ from broker.flow.memory_monitor import MemoryMonitor
 from broker.flow.memory_pressure import QueueLoad, ram_targets
 from broker.node.durable import Durable
 from broker.node.plugin import NodeEvents, Plugin
+from broker.queue.amqqueue import AMQQueue
 from broker.server.direct_reply import ReplyRegistry
 from broker.server.listener import (
     Listener,
@@ -232,7 +233,8 @@ class Node:
     def _memory_pressure(self, fraction: float) -> None:
         """The memory monitor's share of RAM messages to keep (1.0: all), turned into a RAM
         target per queue, shared by message rate (rabbit_memory_monitor's job)."""
-        queues = [q for v in self.vhosts.values() for q in v.queues.values() if q.bq is not None]
+        queues = [q for v in self.vhosts.values() for q in v.queues.values()
+                  if isinstance(q, AMQQueue) and q.bq is not None]
         loads = {q: QueueLoad(q.bq.ram_msg_count, q.rate()) for q in queues}
         for q, target in ram_targets(loads, fraction).items():
             q.set_ram_target(target)

@@ -2,8 +2,9 @@
 
 Channels post publish batches to the queue's mailbox; the task takes everything queued in one
 wake-up, enqueues it, confirms the batch to each publishing channel with one call, then delivers
-round-robin to consumers within their prefetch. Synchronous operations (basic.get, purge,
-consume, ack, requeue) first drain the mailbox so they see every publish that came before them.
+round-robin to consumers within their prefetch. Operations a channel asks of it (basic.get,
+purge, consume, ack, requeue) first drain the mailbox so they see every publish that came before
+them; what the channel may call is written in broker/queue/contract.py.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from broker.queue.priority_queue import PriorityQueue
 from broker.queue.variable_queue import Entry, VariableQueue
 
 if TYPE_CHECKING:
-    from broker.server.channel import Channel
+    from broker.queue.contract import PublishingChannel
     from broker.vhost import VHost
 
 __all__ = ["AMQQueue"]
@@ -117,9 +118,9 @@ class AMQQueue:
         self._ttl_dirty = False
         # counters for management / metrics
         self.credit_flow = _QueueCredit(self, *_credit(vhost))
-        self._senders: set[Channel] = set()  # channels holding credit towards us
+        self._senders: set[PublishingChannel] = set()  # channels holding credit towards us
         # publishes enqueued but not yet credited back to their sender (while busy)
-        self._held: dict[Channel, int] = self.credit_flow.held
+        self._held: dict[PublishingChannel, int] = self.credit_flow.held
         self._delivered_mark = 0  # `delivered` at the last credit decision
         self._waited_at = -BUSY_HOLD_S  # monotonic time a consumer last waited on us
         self._hold_timer: asyncio.TimerHandle | None = None  # re-examines held credit
@@ -205,7 +206,8 @@ class AMQQueue:
             self._task.cancel()
 
     # -- mailbox ----------------------------------------------------------------------------
-    def post_publishes(self, channel: Channel | None, items: list[tuple[Message, int]]) -> None:
+    def post_publishes(self, channel: PublishingChannel | None,
+                       items: list[tuple[Message, int]]) -> None:
         self.mailbox.put(("pubs", channel, items))
 
     def wake(self) -> None:
@@ -291,7 +293,8 @@ class AMQQueue:
         self._waited_at = time.monotonic()
 
     # -- publish ----------------------------------------------------------------------------
-    def _enqueue(self, channel: Channel | None, items: list[tuple[Message, int]]) -> None:
+    def _enqueue(self, channel: PublishingChannel | None,
+                 items: list[tuple[Message, int]]) -> None:
         if channel is not None:  # credited back after the delivery pass: _grant_credit
             held = self._held
             held[channel] = held.get(channel, 0) + len(items)
@@ -549,8 +552,21 @@ class AMQQueue:
             return -1
         return budget - spent
 
-    # -- synchronous operations (called by channels) ----------------------------------------
-    def get(self, ack_required: bool) -> tuple[Entry, int] | None:
+    # -- operations a channel awaits (broker/queue/contract.py) -----------------------------
+    async def get(self, ack_required: bool) -> tuple[Entry, int] | None:
+        return self._fetch(ack_required)
+
+    async def purge(self) -> int:
+        self.drain()
+        count = self.bq.purge()
+        self.wake()
+        return count
+
+    async def counts(self) -> tuple[int, int]:
+        return self.message_count, self.consumer_count
+
+    def _fetch(self, ack_required: bool) -> tuple[Entry, int] | None:
+        """basic.get, answered at once."""
         self.drain()
         self.touch()
         while True:
@@ -603,12 +619,6 @@ class AMQQueue:
             self.bq.requeue(seqs)
             self._ttl_dirty = True  # as RabbitMQ: expired requeued messages go at once
             self.wake()
-
-    def purge(self) -> int:
-        self.drain()
-        count = self.bq.purge()
-        self.wake()
-        return count
 
     def recover(self) -> int:
         """Load a durable queue's messages from its index (at start, before any client)."""

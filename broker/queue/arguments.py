@@ -20,7 +20,7 @@ import datetime
 import decimal
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 from broker.protocol.constants import PRECONDITION_FAILED
 from broker.protocol.errors import ChannelError
@@ -155,7 +155,7 @@ def _invalid(key: str, queue: str, vhost: str, detail: str) -> ChannelError:
     )
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -10,8 +10,7 @@ from broker.protocol.channel_state import ChannelState
 from broker.protocol.frames import shortstr
 
 if TYPE_CHECKING:
-    from broker.queue.amqqueue import AMQQueue
-    from broker.server.channel import Channel
+    from broker.queue.contract import ConsumerChannel, QueueType
 
 __all__ = ["PROMPT_TICKS", "Consumer"]
 
@@ -38,8 +37,8 @@ class Consumer:
     def __init__(
         self,
         tag: str,
-        channel: Channel,
-        queue: AMQQueue,
+        channel: ConsumerChannel,
+        queue: QueueType,
         *,
         no_ack: bool,
         exclusive: bool,

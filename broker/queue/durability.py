@@ -22,7 +22,7 @@ from broker.store.queue_index import IndexEntry, QueueIndex
 
 if TYPE_CHECKING:
     from broker.queue.amqqueue import AMQQueue
-    from broker.server.channel import Channel
+    from broker.queue.contract import PublishingChannel
     from broker.store.msg_store import MsgStore
 
 __all__ = ["LazyIndex", "QueueDurability", "StoreLink", "StorePeer"]
@@ -139,7 +139,7 @@ class _Pending:
 
     __slots__ = ("channel", "cseq", "needs")
 
-    def __init__(self, channel: Channel, cseq: int, needs: int) -> None:
+    def __init__(self, channel: PublishingChannel, cseq: int, needs: int) -> None:
         self.channel = channel
         self.cseq = cseq
         self.needs = needs
@@ -174,7 +174,7 @@ class QueueDurability:
         self._delivered: list[int] = []
 
     # -- confirms ---------------------------------------------------------------------------
-    def track(self, msg: Message, channel: Channel, cseq: int) -> None:
+    def track(self, msg: Message, channel: PublishingChannel, cseq: int) -> None:
         """A persistent message the variable queue just wrote: confirm it once it is safe."""
         needs = 1  # the index record
         if msg.msg_id in self.stored_this_batch:
@@ -244,14 +244,14 @@ class QueueDurability:
         self._fail([p for p in (self._by_msg.pop(m, None) for m in msg_ids) if p is not None])
 
     def _confirm(self, ready: list[_Pending]) -> None:
-        by_channel: dict[Channel, list[int]] = {}
+        by_channel: dict[PublishingChannel, list[int]] = {}
         for p in ready:
             by_channel.setdefault(p.channel, []).append(p.cseq)
         for ch, seqs in by_channel.items():
             ch.queue_confirmed(self.queue, seqs, [])
 
     def _fail(self, pending: list[_Pending]) -> None:
-        by_channel: dict[Channel, list[int]] = {}
+        by_channel: dict[PublishingChannel, list[int]] = {}
         for p in pending:
             if p.needs > 0:
                 p.needs = -1  # never confirmed positively later

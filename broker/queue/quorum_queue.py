@@ -41,7 +41,7 @@ from broker.queue.quorum_log import CHECKED_OUT, LogIndex, LogStore, MemberLog, 
 from broker.queue.variable_queue import Entry, VariableQueue, _Status
 
 if TYPE_CHECKING:
-    from broker.server.channel import Channel
+    from broker.queue.contract import PublishingChannel
     from broker.vhost import VHost
 
 __all__ = ["DELIVERY_LIMIT", "Followers", "QuorumQueue", "QuorumVariableQueue"]
@@ -149,7 +149,8 @@ class QuorumQueue(AMQQueue):
         self.log: MemberLog = None  # type: ignore[assignment]  # attach(), before start()
         self.bq: QuorumVariableQueue = None  # type: ignore[assignment]
         # taken but not yet held by a majority: (pos, seq, message, embedded, channel, cseq)
-        self._uncommitted: deque[tuple[int, int, Message, bool, Channel | None, int]] = deque()
+        self._uncommitted: deque[
+            tuple[int, int, Message, bool, PublishingChannel | None, int]] = deque()
         self._next_seq = 0
         self.commit_pos = 0  # every batch up to here is held by a majority
         self.term_pos = 0  # this leader's state as it took over: served once committed
@@ -232,7 +233,7 @@ class QuorumQueue(AMQQueue):
         """Publishes taken but not committed: nacked (the leader goes; the publisher sends
         them again) or, for a deleted queue, confirmed as RabbitMQ confirms a publish whose
         queue was deleted."""
-        by_channel: dict[Channel, list[int]] = {}
+        by_channel: dict[PublishingChannel, list[int]] = {}
         for _, _, _, _, ch, cseq in self._uncommitted:
             if ch is not None and cseq:
                 by_channel.setdefault(ch, []).append(cseq)
@@ -249,7 +250,8 @@ class QuorumQueue(AMQQueue):
             self.durability = None
 
     # -- publish: into the log now, into the queue at commit ----------------------------------
-    def _enqueue(self, channel: Channel | None, items: list[tuple[Message, int]]) -> None:
+    def _enqueue(self, channel: PublishingChannel | None,
+                 items: list[tuple[Message, int]]) -> None:
         if channel is not None:
             self._senders.add(channel)  # credit is granted when the publish is applied
         if self.deleted:
@@ -319,9 +321,10 @@ class QuorumQueue(AMQQueue):
         ttl = args.ttl_ms
         reject_publish = args.overflow == "reject-publish"  # -dlx: drop-head, as RabbitMQ
         held = self._held
-        confirms: dict[Channel, tuple[list[int], list[int]]] = {}
+        confirms: dict[PublishingChannel, tuple[list[int], list[int]]] = {}
         while uncommitted and uncommitted[0][0] <= commit:
             _, seq, msg, embedded, channel, cseq = uncommitted.popleft()
+            slot: tuple[list[int], list[int]] | None = None  # the channel's (acks, nacks)
             if channel is not None:
                 held[channel] = held.get(channel, 0) + 1
                 slot = confirms.get(channel)
@@ -329,14 +332,14 @@ class QuorumQueue(AMQQueue):
                     slot = confirms[channel] = ([], [])
             if reject_publish and self._full(len(msg.body)):
                 self.log.ack([seq])
-                if cseq and channel is not None:
+                if cseq and slot is not None:
                     slot[1].append(cseq)
                 continue
             expires_at = (self._expiry_for(msg, ttl, now)
                           if ttl is not None or msg.has_expiration else 0.0)
             bq.append_written(seq, msg, embedded, expires_at)
             self.published += 1
-            if cseq and channel is not None:
+            if cseq and slot is not None:
                 slot[0].append(cseq)
         if (args.max_length is not None or args.max_length_bytes is not None) and (
                 not reject_publish):
@@ -356,7 +359,7 @@ class QuorumQueue(AMQQueue):
                 self._discard_ready(over)
             super()._deliver()
 
-    def get(self, ack_required: bool) -> Any:
+    async def get(self, ack_required: bool) -> tuple[Entry, int] | None:
         """basic.get sees every publish that came before it on any channel (as on a classic
         queue: AMQP's order), so it waits for those to commit (at most GET_WAIT_S; RabbitMQ's
         quorum queue answers from what is committed and may miss them)."""
@@ -365,7 +368,7 @@ class QuorumQueue(AMQQueue):
         if not self.serving:
             wait_for = max(wait_for, self.term_pos)
         if wait_for > self.commit_pos:
-            return self._get_after(wait_for, ack_required)
+            return await self._get_after(wait_for, ack_required)
         if not self.lease_ok():
             return None
         return self._get_now(ack_required)
@@ -382,7 +385,7 @@ class QuorumQueue(AMQQueue):
         return self._get_now(ack_required)
 
     def _get_now(self, ack_required: bool) -> tuple[Entry, int] | None:
-        got = super().get(ack_required)
+        got = super()._fetch(ack_required)
         if got is None:
             return None
         entry, remaining = got

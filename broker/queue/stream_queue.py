@@ -34,7 +34,7 @@ from broker.store.stream_reader import StreamReader, start_offset
 
 if TYPE_CHECKING:
     from broker.queue.consumer import Consumer
-    from broker.server.channel import Channel
+    from broker.queue.contract import PublishingChannel
     from broker.store.stream_log import StreamLog
     from broker.vhost import VHost
 
@@ -124,11 +124,6 @@ def _credit(vhost: VHost) -> tuple[int, int]:
 
 
 class StreamQueue:
-    # what every queue has that a stream does not use (the management API reads them)
-    bq = None
-    durability = None
-    active_consumer = None
-
     def __init__(
         self,
         vhost: VHost,
@@ -154,8 +149,8 @@ class StreamQueue:
         self.credit_flow = CreditFlow(self, *_credit(vhost))
         self.store_peers: tuple[Any, ...] = ()
         # publishes appended, not yet committed: (offset after them, channel, count, seqs)
-        self._unconfirmed: deque[tuple[int, Channel | None, int, list[int]]] = deque()
-        self._senders: set[Channel] = set()
+        self._unconfirmed: deque[tuple[int, PublishingChannel | None, int, list[int]]] = deque()
+        self._senders: set[PublishingChannel] = set()
         self._deliver_scheduled = False
         self.published = 0
         self.delivered = 0
@@ -194,12 +189,12 @@ class StreamQueue:
         are confirmed (the queue is gone, as RabbitMQ confirms to a deleted queue)."""
         unconfirmed = list(self._unconfirmed)
         self.shutdown()
-        by_channel: dict[Channel, list[int]] = {}
+        by_channel: dict[PublishingChannel, list[int]] = {}
         for _, ch, _, seqs in unconfirmed:
             if ch is not None and seqs:
                 by_channel.setdefault(ch, []).extend(seqs)
         for ch, seqs in by_channel.items():
-            ch.queue_confirmed(self, seqs, [])  # type: ignore[arg-type]
+            ch.queue_confirmed(self, seqs, [])
         if self.log is not None:
             self.log.delete()
 
@@ -220,12 +215,13 @@ class StreamQueue:
         """Clean broker shutdown: Durable.stop awaits the log's close."""
 
     # -- publishing -------------------------------------------------------------------------
-    def post_publishes(self, channel: Channel | None, items: list[tuple[Message, int]]) -> None:
+    def post_publishes(self, channel: PublishingChannel | None,
+                       items: list[tuple[Message, int]]) -> None:
         """Append at once: one chunk per batch. Confirms and credit wait for the commit."""
         if self.deleted:
             if channel is not None:
                 self.credit_flow.ack_many(channel, len(items))
-                channel.queue_confirmed(self, [s for _, s in items if s], [])  # type: ignore
+                channel.queue_confirmed(self, [s for _, s in items if s], [])
             return
         slog = self.log
         assert slog is not None
@@ -261,7 +257,7 @@ class StreamQueue:
 
     def _settle_publishes(self, upto: int, *, failed: bool) -> None:
         pending = self._unconfirmed
-        confirms: dict[Channel, list[int]] = {}
+        confirms: dict[PublishingChannel, list[int]] = {}
         ack_many = self.credit_flow.ack_many
         while pending and pending[0][0] <= upto:
             _, ch, n, seqs = pending.popleft()
@@ -276,9 +272,9 @@ class StreamQueue:
                     got.extend(seqs)
         for ch, seqs in confirms.items():
             if failed:
-                ch.queue_confirmed(self, [], seqs)  # type: ignore[arg-type]
+                ch.queue_confirmed(self, [], seqs)
             else:
-                ch.queue_confirmed(self, seqs, [])  # type: ignore[arg-type]
+                ch.queue_confirmed(self, seqs, [])
 
     # -- consumers --------------------------------------------------------------------------
     def check_consume(self, *, no_ack: bool, prefetch: int, global_prefetch: int,
@@ -341,7 +337,7 @@ class StreamQueue:
             writer = c.channel.writer
             given = 0
             for offset, msg in reader.read(room):
-                deliver(c, self, (offset, msg, False, 0.0))  # type: ignore[arg-type]
+                deliver(c, self, (offset, msg, False, 0.0))
                 given += 1
                 if writer.full:  # past 1 MiB: the rest once it is written (on_resume wakes)
                     reader.rewind(offset + 1)
@@ -365,11 +361,14 @@ class StreamQueue:
     def requeue(self, seqs: list[int]) -> None:
         """A closing channel's unacked deliveries: nothing to put back in a log."""
 
-    def get(self, ack_required: bool) -> None:
+    async def get(self, ack_required: bool) -> None:
         raise not_supported("basic.get", self.name, self.vhost.name)
 
-    def purge(self) -> int:
+    async def purge(self) -> int:
         raise not_supported("queue.purge", self.name, self.vhost.name)
+
+    async def counts(self) -> tuple[int, int]:
+        return self.message_count, self.consumer_count
 
     def recover(self) -> int:
         return 0

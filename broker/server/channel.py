@@ -14,7 +14,6 @@ import asyncio
 import base64
 import os
 from collections.abc import Awaitable
-from inspect import isawaitable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -61,7 +60,7 @@ from broker.server.direct_reply import REPLY_PREFIX, REPLY_QUEUE, may_reply_to
 from broker.server.unacked import Unacked
 
 if TYPE_CHECKING:
-    from broker.queue.amqqueue import AMQQueue
+    from broker.queue.contract import QueueType
     from broker.queue.variable_queue import Entry
     from broker.routing.exchange import Exchange
     from broker.server.reader import Reader
@@ -97,7 +96,7 @@ class Channel:
         self.publish_seq = 0
         self.confirms = Confirms()
         self._confirm_flush_scheduled = False
-        self._batch: dict[AMQQueue, list[tuple[Message, int]]] = {}
+        self._batch: dict[QueueType, list[tuple[Message, int]]] = {}
         self._mandatory: dict[Message, int] = {}  # this batch's mandatory publishes: queues
         # exchanges this channel may publish to (write permission, not internal), by name;
         # kept as the object checked so a deleted-and-redeclared exchange is checked again.
@@ -114,7 +113,7 @@ class Channel:
         # direct reply-to: (consumer tag, the tag as a shortstr, reply name) while consuming
         # from amq.rabbitmq.reply-to
         self.reply_consumer: tuple[str, bytes, str] | None = None
-        self.unacked: Unacked[tuple[AMQQueue, int, Consumer | None]] = Unacked()
+        self.unacked: Unacked[tuple[QueueType, int, Consumer | None]] = Unacked()
         self.next_tag = 1
         self.prefetch_count = 0  # applies to consumers created after basic.qos(global=false)
         self.global_prefetch = 0
@@ -128,7 +127,7 @@ class Channel:
             settings.credit_flow_more_credit_after,
         )
         self.published_since_alarm = False
-        self._posted: set[AMQQueue] = set()  # queues we sent to: told when we go
+        self._posted: set[QueueType] = set()  # queues we sent to: told when we go
         self.published = 0
         self.confirmed = 0  # basic.ack/nack sent to a confirm-mode publisher (metrics)
         self.returned = 0  # basic.return sent (metrics)
@@ -279,7 +278,7 @@ class Channel:
             consumer.queue.remove_consumer(consumer)
         self.consumers.clear()
         self._stop_replies()
-        by_queue: dict[AMQQueue, list[int]] = {}
+        by_queue: dict[QueueType, list[int]] = {}
         for queue, seq, _ in self.unacked.take_all():
             by_queue.setdefault(queue, []).append(seq)
         self.consumer_unacked = 0
@@ -414,9 +413,7 @@ class Channel:
         m.queue = self.queue_name(m.queue)
         self.check("read", "queue", m.queue)
         q = self.vhost.queue(m.queue, self.reader)
-        count = q.purge()
-        if isawaitable(count):
-            count = await count
+        count = await q.purge()
         if not m.nowait:
             self.send(commands.Queue.PurgeOk(message_count=count))
 
@@ -533,9 +530,7 @@ class Channel:
         q = self.vhost.queue(m.queue, self.reader)
         if not self.writer.writable:
             raise _WriterBusy
-        got = q.get(not m.no_ack)
-        if isawaitable(got):  # a queue on another node of a cluster answers over the link
-            got = await got
+        got = await q.get(not m.no_ack)
         if got is None:
             self.send(commands.Basic.GetEmpty())
             return
@@ -560,7 +555,7 @@ class Channel:
         )
 
     # -- delivery (called by queues; Consumer.can_take says whether one may come) ----------
-    def deliver(self, consumer: Consumer, queue: AMQQueue, entry: Entry) -> None:
+    def deliver(self, consumer: Consumer, queue: QueueType, entry: Entry) -> None:
         tag = self.next_tag
         self.next_tag = tag + 1
         msg = entry[1]
@@ -592,8 +587,9 @@ class Channel:
             q.wake()
 
     # -- acks from the client ---------------------------------------------------------------
-    def _settle(self, records: list[tuple[AMQQueue, int, Any]], action: str, requeue: bool) -> None:
-        by_queue: dict[AMQQueue, list[int]] = {}
+    def _settle(self, records: list[tuple[QueueType, int, Any]], action: str,
+                requeue: bool) -> None:
+        by_queue: dict[QueueType, list[int]] = {}
         freed = 0
         for queue, seq, consumer in records:
             if consumer is not None:
@@ -874,7 +870,7 @@ class Channel:
         if not m.nowait:
             self.send(commands.Confirm.SelectOk())
 
-    def queue_confirmed(self, queue: AMQQueue, seqs: list[int], rejected: list[int]) -> None:
+    def queue_confirmed(self, queue: QueueType, seqs: list[int], rejected: list[int]) -> None:
         if self.state is not _OPEN or not self.confirm:
             return
         self.confirms.confirm(seqs)

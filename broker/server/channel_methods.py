@@ -97,7 +97,7 @@ async def queue_declare(ch: Channel, m: commands.Queue.Declare) -> None:
         # kept on the method: a check that waits for an auth backend runs it again
         name = m.queue = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode(
         ).rstrip("=")
-        m.server_named = True
+        setattr(m, "server_named", True)  # noqa: B010 (an attribute of ours on pamqp's method)
     if not m.passive:  # RabbitMQ checks a server-named queue's generated name too
         ch.auth.check_declare(ch.principal, ch.vhost.name, "queue", name,
                               m.arguments, new=name not in ch.vhost.queues)

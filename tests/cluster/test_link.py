@@ -95,6 +95,27 @@ async def test_publish_on_a_home_b_consume_on_c(trio: tuple[ClusterNode, ...]) -
     await cc.close()
 
 
+async def test_management_purge_and_get_reach_the_home_node(
+        trio: tuple[ClusterNode, ...]) -> None:
+    """The management API on a node that is not a queue's home purges and gets from the home
+    node's queue (both are coroutines on every queue type, so the API awaits them)."""
+    a, b, _ = trio
+    cb = await aio_pika.connect(b.url)
+    ch = await cb.channel()
+    await ch.declare_queue("mp", durable=True)
+    for i in range(5):
+        await ch.default_exchange.publish(aio_pika.Message(str(i).encode()), routing_key="mp")
+    await cb.close()
+    wait_for(lambda: b.get("/api/queues/%2F/mp")["messages"] == 5, what="5 on b")
+    wait_for(lambda: a.api("GET", "/api/queues/%2F/mp")[0] == 200, what="mp on a")
+    status, got = a.api("POST", "/api/queues/%2F/mp/get",
+                        {"count": 2, "ackmode": "ack_requeue_true", "encoding": "auto"})
+    assert status == 200, got
+    assert [m["payload"] for m in got] == ["0", "1"]
+    assert a.api("DELETE", "/api/queues/%2F/mp/contents")[0] == 204
+    wait_for(lambda: b.get("/api/queues/%2F/mp")["messages"] == 0, what="purged on b")
+
+
 async def test_credit_flow_across_the_link(trio: tuple[ClusterNode, ...]) -> None:
     """While the home node does not take messages (stopped), the publisher's channel on A
     runs out of credit towards the remote queue and A stops reading the publisher's socket,

@@ -144,6 +144,8 @@ async def test_users_policies_and_definitions(pair: tuple[ClusterNode, ClusterNo
     await conn.close()
     assert b.get("/api/queues/%2F/pol.q")["policy"] == "meta-pol"
     wait_for(lambda: queue_names(a).get("pol.q") == "meta-b", what="pol.q on a")
+    # a's stand-in for b's queue takes the policy too (set_policies, as every queue type)
+    assert a.get("/api/queues/%2F/pol.q")["policy"] == "meta-pol"
     # an export on either node has every node's durable queues
     assert a.api("PUT", "/api/queues/%2F/exp.b", {"durable": True})[0] == 201
     for node in (a, b):
