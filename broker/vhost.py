@@ -175,6 +175,7 @@ class VHost:
                 f"invalid type '{amqp_type(ae)}' for arg 'alternate-exchange' in exchange "
                 f"'{name}' {self._where()}",
             )
+        Exchange._types[type_].validate_arguments(arguments or {})
 
     def delete_exchange(self, name: str, if_unused: bool = False) -> None:
         if name == "":
