@@ -173,7 +173,7 @@ class Durable:
                 xd.name, xd.type, durable=True, auto_delete=xd.auto_delete,
                 internal=xd.internal, arguments=dict(xd.arguments),
             )
-            vhost.params.apply_to_exchange(ex)
+            vhost.adopt_exchange(ex)
         recovered = 0
         for qd in db.queues():
             vhost = node.vhosts.get(qd.vhost)

@@ -4,6 +4,7 @@ Importing the package registers every exchange type, so `make_exchange` (or
 `Exchange(name, type)`) knows them all. docs/ROUTING.md describes the rules."""
 
 from broker.routing.consistent_hash import ConsistentHashExchange
+from broker.routing.delayed import DelayedMessageExchange, message_delay
 from broker.routing.exchange import (
     Binding,
     DirectExchange,
@@ -19,6 +20,7 @@ from broker.routing.topic import TopicExchange, TopicTrie
 __all__ = [
     "Binding",
     "ConsistentHashExchange",
+    "DelayedMessageExchange",
     "DirectExchange",
     "Exchange",
     "FanoutExchange",
@@ -28,6 +30,7 @@ __all__ = [
     "freeze_arguments",
     "headers_match",
     "make_exchange",
+    "message_delay",
     "route",
     "routing_keys",
 ]
