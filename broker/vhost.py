@@ -164,7 +164,7 @@ class VHost:
             ex.hold = self._delay_queue
 
     def _delay_queue(self, ex: DelayedMessageExchange, delay: int) -> DelayQueue:
-        q = DelayQueue(self, ex.name, delay)
+        q = DelayQueue(self, ex.name, delay, durable=ex.durable)
         if self.node is not None and self.node.durable is not None:
             self.node.durable.new_queue(q)
         q.start()

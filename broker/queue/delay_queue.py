@@ -9,6 +9,8 @@ exchange, not in `VHost.queues`)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import TYPE_CHECKING
 
 import structlog
@@ -31,11 +33,52 @@ def delay_queue_name(exchange: str, delay: int) -> str:
 
 
 class DelayQueue(AMQQueue):
-    def __init__(self, vhost: VHost, exchange: str, delay: int) -> None:
-        super().__init__(vhost, delay_queue_name(exchange, delay),
+    """Durable for a durable exchange: its persistent messages are confirmed once on disk and
+    recovered at start. A recovered message has lost its due time (expiry is kept in memory
+    only), so it falls due `delay` after the recovery: late rather than early."""
+
+    def __init__(self, vhost: VHost, exchange: str, delay: int, *, durable: bool = False
+                 ) -> None:
+        super().__init__(vhost, delay_queue_name(exchange, delay), durable=durable,
                          arguments={"x-message-ttl": delay})
         self.exchange = exchange
         self.delay = delay
+        self._recovered_due = 0.0  # when the recovered messages fall due
+
+    def recover(self) -> int:
+        n = super().recover()
+        self._recovered_due = time.monotonic() + self.delay / 1000.0
+        return n
+
+    def start(self) -> None:
+        super().start()
+        if self.bq:
+            self._arm_ttl()
+
+    def _arm_ttl(self) -> None:
+        head = self.bq.peek()
+        if head is not None and not head[3]:  # recovered: no due time of its own
+            if self._ttl_timer is not None:
+                self._ttl_timer.cancel()
+                self._ttl_timer = None
+            if time.monotonic() >= self._recovered_due:
+                entry = self.bq.fetch(True)
+                if entry is not None:
+                    if self._dead_letter(entry[1], dlx.EXPIRED, entry[0]):
+                        self.bq.ack((entry[0],))
+                    else:
+                        self.bq.restore((entry[0],))
+                        return
+                    if self.durability is not None:
+                        self.durability.end_batch()
+                # the next one, at once (a call per message keeps the loop responsive)
+                asyncio.get_running_loop().call_soon(self._on_ttl_timer)
+            else:
+                loop = asyncio.get_running_loop()
+                self._ttl_timer = loop.call_at(
+                    loop.time() + self._recovered_due - time.monotonic(), self._on_ttl_timer)
+            return
+        super()._arm_ttl()
 
     def _dead_letter(self, msg: Message, reason: str, seq: int = -1) -> bool:
         if reason != dlx.EXPIRED:

@@ -147,3 +147,35 @@ def test_a_durable_one_is_restored_and_still_holds_messages(fresh_broker) -> Non
     assert depth(ch, "dq") == 0  # held: the restored exchange has its holder wiring
     wait_depth(ch, "dq", 1)
     ch.connection.close()
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_confirmed_persistent_delayed_messages_survive_a_restart(fresh_broker, clean) -> None:  # type: ignore[no-untyped-def]
+    b = fresh_broker.start()
+
+    def channel() -> pika.adapters.blocking_connection.BlockingChannel:
+        c = pika.BlockingConnection(pika.URLParameters(b.url + "%2F?heartbeat=0"))
+        ch = c.channel()
+        ch.confirm_delivery()
+        return ch
+
+    ch = channel()
+    ch.exchange_declare("dx", "x-delayed-message", durable=True,
+                        arguments={"x-delayed-type": "direct"})
+    ch.queue_declare("dq", durable=True)
+    ch.queue_bind("dq", "dx", "k")
+    for i in range(30):
+        ch.basic_publish("dx", "k", str(i).encode(), pika.BasicProperties(
+            delivery_mode=2, headers={"x-delay": 1500 if i % 2 else 2500}))
+    ch.basic_publish("dx", "k", b"transient", pika.BasicProperties(headers={"x-delay": 1500}))
+    ch.connection.close()
+    b.restart(clean=clean)
+    ch = channel()
+    assert depth(ch, "dq") == 0  # still held
+    wait_depth(ch, "dq", 30, timeout=10)
+    time.sleep(0.2)
+    got = [ch.basic_get("dq", auto_ack=True) for _ in range(depth(ch, "dq"))]
+    bodies = [body for _m, _p, body in got]
+    assert sorted(int(x) for x in bodies) == list(range(30))  # the transient one is gone
+    assert {p.headers["x-delay"] for _m, p, _b in got} == {-1500, -2500}
+    ch.connection.close()
