@@ -29,7 +29,9 @@ from broker.queue.arguments import (
     validate_queue,
 )
 from broker.queue.dead_letter import is_cycle
+from broker.queue.delay_queue import DelayQueue
 from broker.queue.types import queue_class
+from broker.routing.delayed import DelayedMessageExchange
 from broker.routing.exchange import Exchange
 from broker.routing.router import may_have_cc, routing_keys
 from broker.routing.router import route as route_through
@@ -151,10 +153,31 @@ class VHost:
         """A new exchange, without the declare rules (restore, the cluster's metadata)."""
         ex = Exchange(name, type_, durable=durable, auto_delete=auto_delete, internal=internal,
                       arguments=dict(arguments or {}))
-        self.params.apply_to_exchange(ex)
+        self.adopt_exchange(ex)
         self.exchanges[name] = ex
         self._changed("put_exchange", ex)
         return ex
+
+    def adopt_exchange(self, ex: Exchange) -> None:
+        """Wire a new or restored exchange to this vhost: its policy, its delay holders."""
+        self.params.apply_to_exchange(ex)
+        if isinstance(ex, DelayedMessageExchange):
+            ex.hold = self._delay_queue
+
+    def _delay_queue(self, ex: DelayedMessageExchange, delay: int) -> DelayQueue:
+        q = DelayQueue(self, ex.name, delay, durable=ex.durable)
+        if self.node is not None and self.node.durable is not None:
+            self.node.durable.new_queue(q)
+        q.start()
+        return q
+
+    def _drop_held(self, ex: Exchange) -> None:
+        """`ex` is gone: so are the messages it was holding (as the plugin's)."""
+        if isinstance(ex, DelayedMessageExchange):
+            for q in ex.held.values():
+                assert isinstance(q, DelayQueue)
+                q.stop()
+            ex.held.clear()
 
     def check_new_exchange(self, name: str, type_: str, arguments: dict[str, Any] | None
                            ) -> None:
@@ -176,6 +199,7 @@ class VHost:
                 f"invalid type '{amqp_type(ae)}' for arg 'alternate-exchange' in exchange "
                 f"'{name}' {self._where()}",
             )
+        Exchange._types[type_].validate_arguments(arguments or {})
 
     def delete_exchange(self, name: str, if_unused: bool = False) -> None:
         if name == "":
@@ -191,6 +215,7 @@ class VHost:
             raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' {self._where()} in use")
         del self.exchanges[name]
         self._unbind_everywhere(ex)
+        self._drop_held(ex)
         self._changed("delete_exchange", ex)
 
     def _unbind_everywhere(self, ex: Exchange) -> None:
@@ -232,6 +257,7 @@ class VHost:
         if ex.auto_delete and not ex.has_bindings() and self.exchanges.get(ex.name) is ex:
             del self.exchanges[ex.name]
             self._unbind_everywhere(ex)
+            self._drop_held(ex)
             self._changed("delete_exchange", ex)
 
     # -- queues -----------------------------------------------------------------------------
@@ -406,6 +432,11 @@ class VHost:
         """Broker shutdown: queue tasks end, durable queue state stays on disk."""
         for q in list(self.queues.values()):
             q.shutdown()
+        for ex in self.exchanges.values():
+            if isinstance(ex, DelayedMessageExchange):
+                for held in ex.held.values():
+                    assert isinstance(held, DelayQueue)
+                    held.shutdown()
 
 
 def _fmt(value: object) -> str:

@@ -13,6 +13,7 @@ from broker import __version__
 from broker.access import rfc4514
 from broker.mgmt.stats import QUEUE_COUNTERS, Stats, details
 from broker.queue.amqqueue import AMQQueue
+from broker.routing.delayed import DelayedMessageExchange
 from broker.routing.exchange import Binding, Exchange
 
 if TYPE_CHECKING:
@@ -126,6 +127,10 @@ def exchange_json(ex: Exchange, vhost: VHost) -> dict[str, Any]:
         "user_who_performed_action": "rmq-internal",
         # as RabbitMQ, only when one applies
         **({"policy": ex.policy.name} if ex.policy is not None else {}),
+        # as the plugin's: what a delayed-message exchange holds until due
+        **({"messages_delayed": sum(
+               q.message_count for q in ex.held.values())}  # type: ignore[attr-defined]
+           if isinstance(ex, DelayedMessageExchange) else {}),
     }
 
 

@@ -17,6 +17,7 @@ import structlog
 
 from broker.policy import PolicyInvalid, parse_policy
 from broker.queue.amqqueue import AMQQueue
+from broker.queue.delay_queue import DelayQueue, delay_queue_name
 from broker.queue.durability import LazyIndex, QueueDurability, StoreLink, StorePeer
 from broker.queue.priority_queue import PriorityQueue
 from broker.queue.quorum_log import MemberLog
@@ -24,6 +25,7 @@ from broker.queue.quorum_queue import QuorumQueue
 from broker.queue.stream_queue import StreamQueue
 from broker.queue.types import queue_class
 from broker.queue.variable_queue import VariableQueue
+from broker.routing.delayed import DelayedMessageExchange
 from broker.routing.exchange import Exchange
 from broker.store import layout
 from broker.store.definitions import (
@@ -41,6 +43,8 @@ from broker.store.stream_log import StreamLog, remove_orphan_streams
 
 if TYPE_CHECKING:
     from broker.node import Node
+
+DELAY_MARKER = "delayed"  # in a delay queue's index directory: vhost, exchange, delay
 
 __all__ = ["Durable"]
 
@@ -88,6 +92,8 @@ class Durable:
                 # quorum queue members of this node's: the cluster's records say which are
                 # still ours once it is read (QuorumCoordinator.drop_strays)
                 keep += [p.parent for p in self.queues_root.glob(f"*/{META_FILE}")]
+            delayed = self._delay_queues()
+            keep += [self.queue_dir(v, delay_queue_name(x, d)) for v, x, d in delayed]
             remove_orphans(self.queues_root, keep)
             remove_orphan_streams(self.streams_root, [self.stream_dir(qd.vhost, qd.name)
                                                       for qd in self.definitions.queues()])
@@ -106,6 +112,11 @@ class Durable:
 
     async def stop(self) -> None:
         for vhost in self.node.vhosts.values():
+            for ex in vhost.exchanges.values():
+                if isinstance(ex, DelayedMessageExchange):
+                    for held in ex.held.values():
+                        assert isinstance(held, DelayQueue)
+                        held.close()
             for q in list(vhost.queues.values()):
                 q.close()
                 if isinstance(q, StreamQueue) and q.log is not None:
@@ -173,7 +184,7 @@ class Durable:
                 xd.name, xd.type, durable=True, auto_delete=xd.auto_delete,
                 internal=xd.internal, arguments=dict(xd.arguments),
             )
-            vhost.params.apply_to_exchange(ex)
+            vhost.adopt_exchange(ex)
         recovered = 0
         for qd in db.queues():
             vhost = node.vhosts.get(qd.vhost)
@@ -200,6 +211,15 @@ class Durable:
             vhost.queues[qd.name] = q
             vhost.params.apply_to_queue(q)
             q.start()
+        for vname, xname, delay in self._delay_queues():
+            vhost = node.vhosts.get(vname)
+            ex = vhost.exchanges.get(xname) if vhost is not None else None
+            if isinstance(ex, DelayedMessageExchange) and delay not in ex.held:
+                dq = DelayQueue(vhost, xname, delay, durable=True)  # type: ignore[arg-type]
+                self.attach(dq)
+                recovered += dq.recover()
+                ex.held[delay] = dq
+                dq.start()
         for vhost in node.vhosts.values():
             vhost.params.apply_all()  # the predeclared exchanges too
         for bd in db.bindings():
@@ -216,6 +236,22 @@ class Durable:
         log.info("definitions restored", exchanges=len(db.exchanges()),
                  queues=len(db.queues()), bindings=len(db.bindings()), messages=recovered)
         return streams
+
+    def _delay_queues(self) -> list[tuple[str, str, int]]:
+        """(vhost, exchange, delay) of each durable delay queue on disk whose durable
+        delayed-message exchange still exists (its marker names it: queue dirs are hashes)."""
+        exchanges = {(xd.vhost, xd.name) for xd in self.definitions.exchanges()
+                     if xd.type == DelayedMessageExchange.type_name}
+        found = []
+        for marker in self.queues_root.glob(f"*/{DELAY_MARKER}"):
+            try:
+                vhost, exchange, delay = marker.read_text().split("\0")
+                entry = (vhost, exchange, int(delay))
+            except (OSError, ValueError):
+                continue
+            if entry[:2] in exchanges:
+                found.append(entry)
+        return found
 
     # -- queues -----------------------------------------------------------------------------
     def queue_dir(self, vhost: str, name: str) -> Path:
@@ -354,6 +390,10 @@ class Durable:
                 q.log.open_now()
         elif q.durability is None:
             self.attach(q)
+            if isinstance(q, DelayQueue) and q.durable:
+                d = self.queue_dir(q.vhost.name, q.name)
+                d.mkdir(parents=True, exist_ok=True)
+                (d / DELAY_MARKER).write_text(f"{q.vhost.name}\0{q.exchange}\0{q.delay}")
 
 
 

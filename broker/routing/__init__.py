@@ -1,8 +1,10 @@
 """Routing: exchanges, bindings and the router. Pure code, no asyncio.
 
 Importing the package registers every exchange type, so `make_exchange` (or
-`Exchange(name, type)`) knows all four. docs/ROUTING.md describes the rules."""
+`Exchange(name, type)`) knows them all. docs/ROUTING.md describes the rules."""
 
+from broker.routing.consistent_hash import ConsistentHashExchange
+from broker.routing.delayed import DelayedMessageExchange, message_delay
 from broker.routing.exchange import (
     Binding,
     DirectExchange,
@@ -17,6 +19,8 @@ from broker.routing.topic import TopicExchange, TopicTrie
 
 __all__ = [
     "Binding",
+    "ConsistentHashExchange",
+    "DelayedMessageExchange",
     "DirectExchange",
     "Exchange",
     "FanoutExchange",
@@ -26,6 +30,7 @@ __all__ = [
     "freeze_arguments",
     "headers_match",
     "make_exchange",
+    "message_delay",
     "route",
     "routing_keys",
 ]

@@ -207,6 +207,10 @@ class Exchange:
         self._remove(b)
 
     # -- the type-specific part ----------------------------------------------------------------
+    @staticmethod
+    def validate_arguments(arguments: dict[str, Any]) -> None:
+        """Raise (a ChannelError) if the type rejects these exchange arguments at declare."""
+
     def _validate(self, binding: Binding, arguments: dict[str, Any]) -> None:
         """Raise (a ChannelError) if the type rejects these binding arguments."""
 

@@ -569,7 +569,10 @@ row("x-args/alternate-exchange-int",
 row("x-args/exchange-unknown-type",
     [m(1, Ex.Declare(exchange="cf.x", exchange_type="made-up"))])
 row("x-args/exchange-x-consistent-hash-missing-plugin",
-    [m(1, Ex.Declare(exchange="cf.x", exchange_type="x-consistent-hash"))])
+    [m(1, Ex.Declare(exchange="cf.x", exchange_type="x-consistent-hash"))],
+    differs="the consistent-hash exchange is built in (issue 25); the recording is of a RabbitMQ "
+            "without the plugin, which answers 503 unknown exchange type",
+    hare=Outcome([["1 exchange.declare-ok"]], True))
 
 # -- redeclares --------------------------------------------------------------------------------
 def redeclare(name: str, first: c.Queue.Declare, second: c.Queue.Declare) -> None:

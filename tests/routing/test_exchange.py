@@ -33,8 +33,8 @@ def test_factory_builds_each_type(type_: str, cls: type[Exchange]) -> None:
 
 
 def test_unknown_type_is_value_error() -> None:
-    with pytest.raises(ValueError, match="unknown exchange type x-consistent-hash"):
-        make_exchange("x", "x-consistent-hash")
+    with pytest.raises(ValueError, match="unknown exchange type x-nope"):
+        make_exchange("x", "x-nope")
     with pytest.raises(ValueError, match="unknown exchange type nope"):
         Exchange("x", "nope")
 
