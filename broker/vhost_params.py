@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 import structlog
 
 from broker.policy import Policy, PolicySet, effective_definition, limit_reached
+from broker.protocol.connection_state import ConnectionState
 from broker.protocol.constants import NOT_ALLOWED, PRECONDITION_FAILED
 from broker.protocol.errors import ChannelError, ConnectionError_
 from broker.queue.policy_args import AppliedPolicies
-from broker.server.reader import OPENED
 
 if TYPE_CHECKING:
     from broker.queue.contract import QueueType
@@ -102,7 +102,7 @@ class VHostParams:
         # closing connections do not count: a client that closed and reconnects at once must
         # not find its old connection still holding the slot
         opened = sum(1 for c in self.vhost.node.connections
-                     if c.vhost is self.vhost and c.state == OPENED)
+                     if c.vhost is self.vhost and c.state == ConnectionState.OPENED)
         limit = limit_reached(self.limits, "max-connections", opened)
         if limit is not None:
             raise ConnectionError_(
