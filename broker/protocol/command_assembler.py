@@ -21,13 +21,13 @@ from broker.protocol.constants import (
 )
 from broker.protocol.errors import ChannelError, ConnectionError_
 
-__all__ = ["ACK_INDEX", "PUBLISH_INDEX", "CommandAssembler"]
+__all__ = ["ACK_INDEX", "EXPECT_METHOD", "PUBLISH_INDEX", "CommandAssembler"]
 
 PUBLISH_INDEX = 0x003C0028
 ACK_INDEX = 0x003C0050
 _HEADER = struct.Struct(">HHQ")
 
-_EXPECT_METHOD = 0
+EXPECT_METHOD = 0  # idle: between commands (the reader's fast path tests it inline)
 _EXPECT_HEADER = 1
 _EXPECT_BODY = 2
 _SKIP_BODY = 3  # the body of a refused message: counted, not kept
@@ -48,7 +48,7 @@ class CommandAssembler:
     )
 
     def __init__(self, max_size: int = DEFAULT_MAX_SIZE) -> None:
-        self.state = _EXPECT_METHOD
+        self.state = EXPECT_METHOD
         self.method = b""
         self.props = b""
         self.body_size = 0
@@ -59,7 +59,7 @@ class CommandAssembler:
 
     @property
     def idle(self) -> bool:
-        return self.state == _EXPECT_METHOD
+        return self.state == EXPECT_METHOD
 
     def frame(self, ftype: int, payload: bytes) -> tuple | None:
         state = self.state
@@ -67,8 +67,8 @@ class CommandAssembler:
             if state == _SKIP_BODY:
                 # the client saw the channel.close for its refused message and gave up the
                 # body (its close-ok, most likely): that body is owed to no one
-                state = self.state = _EXPECT_METHOD
-            if state != _EXPECT_METHOD:
+                state = self.state = EXPECT_METHOD
+            if state != EXPECT_METHOD:
                 raise _unexpected(state)
             if payload[:4] == b"\x00\x3c\x00\x28":  # basic.publish
                 self.method = payload
@@ -90,7 +90,7 @@ class CommandAssembler:
                 )
             self.props = payload[12:]
             if size == 0:
-                self.state = _EXPECT_METHOD
+                self.state = EXPECT_METHOD
                 return ("content", self.method, self.props, b"")
             self.body_size = size
             self.received = 0
@@ -121,11 +121,11 @@ class CommandAssembler:
                     _PUBLISH_IDS,
                 )
             if self.received == self.body_size and not self.chunks:
-                self.state = _EXPECT_METHOD
+                self.state = EXPECT_METHOD
                 return ("content", self.method, self.props, payload)
             self.chunks.append(payload)
             if self.received == self.body_size:
-                self.state = _EXPECT_METHOD
+                self.state = EXPECT_METHOD
                 self.held = 0
                 body = b"".join(self.chunks)
                 self.chunks = []
@@ -143,7 +143,7 @@ class CommandAssembler:
                 _PUBLISH_IDS,
             )
         if self.received == self.body_size:
-            self.state = _EXPECT_METHOD
+            self.state = EXPECT_METHOD
 
 
 _PUBLISH_IDS = (60, 40)
@@ -152,7 +152,7 @@ _PUBLISH_IDS = (60, 40)
 def _unexpected(state: int) -> ConnectionError_:
     """A frame of the wrong type for the assembler's state, in RabbitMQ's words; while a
     publish's content is awaited the error names basic.publish."""
-    if state == _EXPECT_METHOD:
+    if state == EXPECT_METHOD:
         return ConnectionError_(
             UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
         )

@@ -79,12 +79,18 @@ class FrameCutter:
     several frames, a size that does not add up, a bad end octet) is left to the frame-by-
     frame path, which judges it as before."""
 
-    __slots__ = ("buf", "frame_max", "publishes")
+    __slots__ = ("buf", "frame_max", "last", "publishes")
 
     def __init__(self, frame_max: int, publishes: bool = False) -> None:
         self.buf = b""  # the incomplete tail of the last chunk
         self.frame_max = frame_max
         self.publishes = publishes
+        # the last whole publish cut the long way: (its bytes from the method frame to the
+        # body frame's header, frame_max then, channel, method payload, properties, body size).
+        # A publisher repeats exchange, key, properties and size: the next publish whose
+        # bytes start the same passed every check but the body's end octet already, and it
+        # shares the method and property objects (the channel compares them by identity).
+        self.last: tuple[bytes, int, int, bytes, bytes, int] | None = None
 
     def feed(self, data: bytes) -> list[tuple[int, int, Any]]:
         # immutable bytes: a payload is one slice, one copy (a bytearray slice would be two)
@@ -96,7 +102,22 @@ class FrameCutter:
         limit = self.frame_max
         unpack = _HDR.unpack_from
         fuse = self.publishes
+        last = self.last
+        if last is not None and last[1] != limit:
+            last = self.last = None
+        if last is not None:
+            prefix, _, last_channel, last_method, last_props, last_size = last
+            skip = len(prefix)
+            startswith = buf.startswith
         while end - pos >= 7:  # a whole header: check its size before the payload
+            if last is not None and startswith(prefix, pos):
+                bstop = pos + skip + last_size
+                if bstop < end and buf[bstop] == FRAME_END:
+                    append((FRAME_PUBLISH, last_channel, (
+                        "content", last_method, last_props, buf[pos + skip : bstop],
+                    )))
+                    pos = bstop + 1
+                    continue
             ftype, channel, size = unpack(buf, pos)
             if size > limit:
                 raise ConnectionError_(
@@ -135,10 +156,19 @@ class FrameCutter:
                             and bsize
                             and _BODY_SIZE.unpack_from(buf, h + 11)[0] == bsize
                         ):
+                            method = buf[pos + 7 : stop]
+                            props = buf[h + 19 : b - 1]
                             append((FRAME_PUBLISH, channel, (
-                                "content", buf[pos + 7 : stop], buf[h + 19 : b - 1],
-                                buf[b + 7 : bstop],
+                                "content", method, props, buf[b + 7 : bstop],
                             )))
+                            last = self.last = (
+                                buf[pos : b + 7], limit, channel, method, props, bsize
+                            )
+                            prefix, last_channel, last_method, last_props, last_size = (
+                                last[0], channel, method, props, bsize
+                            )
+                            skip = len(prefix)
+                            startswith = buf.startswith
                             pos = bstop + 1
                             continue
             elif ftype not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT):

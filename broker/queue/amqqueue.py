@@ -309,6 +309,8 @@ class AMQQueue:
         rejected: list[int] = []
         reject_publish = args.overflow in ("reject-publish", "reject-publish-dlx")
         durability = self.durability
+        publish = bq.publish
+        published = 0
         for msg, seq in items:
             if reject_publish and self._full(len(msg.body)):
                 if seq:
@@ -316,16 +318,20 @@ class AMQQueue:
                 if args.overflow == "reject-publish-dlx":
                     self._dead_letter(msg, dlx.MAXLEN)
                 continue
-            expires_at = (self._expiry_for(msg, ttl, now)
-                          if ttl is not None or msg.has_expiration else 0.0)
-            bq.publish(msg, expires_at)
-            self.published += 1
+            # Message.has_expiration inline: this runs for every message
+            props = msg.props
+            if ttl is not None or (len(props) >= 2 and props[0] & 0x01):
+                publish(msg, self._expiry_for(msg, ttl, now))
+            else:
+                publish(msg, 0.0)
+            published += 1
             if seq:
                 if durability is not None and durability.persistent and msg.persistent:
                     assert channel is not None
                     durability.track(msg, channel, seq)  # confirmed once on disk
                 else:
                     confirms.append(seq)
+        self.published += published
         limited = args.max_length is not None or args.max_length_bytes is not None
         if limited and not reject_publish:
             self._drop_overflow()

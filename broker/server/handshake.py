@@ -163,7 +163,7 @@ class Handshake:
         r.cutter.frame_max = r.frame_max
         if not whole_publishes_fit(r.max_message_size, r.frame_max):
             # every publish goes through the assembler, which refuses a body over the limit
-            r._whole_publish = _no_fast_path  # type: ignore[method-assign]
+            r.whole_publishes = False
 
     def open(self, m: commands.Connection.Open) -> None:
         r = self.reader
@@ -226,10 +226,6 @@ class Handshake:
             return ipaddress.ip_address(peer.split("%")[0]).is_loopback
         except ValueError:
             return peer in ("", "localhost")  # a unix socket has no IP
-
-
-def _no_fast_path(number: int, cmd: tuple[str, bytes, bytes, bytes]) -> bool:
-    return False
 
 
 def _login_refused(mechanism: str, exc: LoginRefused) -> ConnectionError_:

@@ -21,6 +21,7 @@ from pamqp import commands
 from broker.flow.alarm import blocked_reason
 from broker.flow.credit_flow import CreditFlow
 from broker.protocol import frames
+from broker.protocol.command_assembler import EXPECT_METHOD as ASSEMBLER_IDLE
 from broker.protocol.command_assembler import CommandAssembler
 from broker.protocol.connection_state import ConnectionAction, ConnectionState, connection_step
 from broker.protocol.constants import (
@@ -105,6 +106,9 @@ class Reader(asyncio.Protocol):
         self.frame_max = node.settings.frame_max
         self.heartbeat = node.settings.heartbeat_s
         self.cutter = frames.FrameCutter(FRAME_MIN_SIZE, publishes=True)
+        # False once tune-ok allows a body frame over max_message_size: then every publish
+        # goes through the assembler, which refuses it
+        self.whole_publishes = True
         self.channels: dict[int, Channel] = {}
         self.assemblers: dict[int, CommandAssembler] = {}
         self._live: set[Channel] = set()  # channels whose task has not ended, numbered or not
@@ -175,6 +179,8 @@ class Reader(asyncio.Protocol):
 
     def _frames(self, batch: list[tuple[int, int, bytes]]) -> None:
         touched = self._touched
+        channels = self.channels
+        assemblers = self.assemblers
         i = 0
         try:
             n = len(batch)
@@ -186,7 +192,21 @@ class Reader(asyncio.Protocol):
                         self._held_for_auth = batch[i + 1:]
                         return
                 elif ftype == FRAME_PUBLISH:
-                    if not self._whole_publish(channel, payload):
+                    # the fast path, inline as it runs for every publish: a publish the cutter
+                    # found whole, on an idle open channel, goes to the channel as it is,
+                    # without three trips through the assembler
+                    ch = channels.get(channel)
+                    if (
+                        ch is not None
+                        and self.state == OPENED
+                        and self.whole_publishes
+                        and assemblers[channel].state == ASSEMBLER_IDLE
+                    ):
+                        if self.alarm_blocked:
+                            ch.published_since_alarm = True
+                        ch.mailbox.put_quiet(payload)
+                        touched[ch] = touched.get(ch, 0) + 1  # credit spent at the chunk's end
+                    else:
                         self._split_publish(channel, payload)
                 else:
                     self._channel_frame(ftype, channel, payload)
@@ -362,23 +382,8 @@ class Reader(asyncio.Protocol):
         touched = self._touched
         touched[ch] = touched.get(ch, 0) + 1
 
-    def _whole_publish(self, number: int, cmd: tuple[str, bytes, bytes, bytes]) -> bool:
-        """Fast path: a publish the cutter found whole (FRAME_PUBLISH), on an idle open
-        channel, goes to the channel as it is, without three trips through the assembler."""
-        if self.state != OPENED:
-            return False
-        ch = self.channels.get(number)
-        if ch is None or not self.assemblers[number].idle:
-            return False
-        if self.alarm_blocked:
-            ch.published_since_alarm = True
-        ch.mailbox.put_quiet(cmd)
-        touched = self._touched
-        touched[ch] = touched.get(ch, 0) + 1  # credit spent at the end of the chunk
-        return True
-
     def _split_publish(self, number: int, cmd: tuple[str, bytes, bytes, bytes]) -> None:
-        """A whole publish the fast path declined goes frame by frame, to be judged (or
+        """A whole publish the fast path (in _frames) declined goes frame by frame, to be judged (or
         refused) as any other frames are."""
         _, method, props, body = cmd
         self._channel_frame(FRAME_METHOD, number, method)

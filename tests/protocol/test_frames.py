@@ -88,3 +88,32 @@ def test_a_bad_end_octet_inside_a_publish_is_still_a_frame_error() -> None:
     with pytest.raises(ConnectionError_) as err:
         frames.FrameCutter(FRAME_MAX, publishes=True).feed(bytes(data))
     assert err.value.code == 501
+
+
+@pytest.mark.parametrize("step", [1, 5, 300, 1 << 20])
+def test_repeated_publishes_come_out_as_frame_by_frame_makes_them(step: int) -> None:
+    """A publish that repeats the last one's method, properties and size is cut by comparing
+    its leading bytes: the same commands, and the bad end octet still a frame error."""
+    same = [_publish(1, bytes([i]) * 100) for i in range(4)]
+    data = b"".join([*same, _publish(1, b"x" * 99), same[0], _publish(2, b"y" * 100), same[1]])
+    plain = _cut(data, step, publishes=False)
+    fused = _cut(data, step, publishes=True)
+    assert _commands(fused) == _commands(plain)
+    assert [c for c, _ in _commands(fused)] == [1, 1, 1, 1, 1, 1, 2, 1]
+    if step > len(data):  # in one read: the repeats share the first one's method and props
+        first, second = fused[0][2], fused[1][2]
+        assert second[1] is first[1] and second[2] is first[2] and second[3] != first[3]
+    bad = bytearray(data + same[2])
+    bad[-1] = 0x00
+    with pytest.raises(ConnectionError_) as err:
+        _cut(bytes(bad), step, publishes=True)
+    assert err.value.code == 501
+
+
+def test_a_lower_frame_max_applies_to_a_repeated_publish() -> None:
+    cutter = frames.FrameCutter(FRAME_MAX, publishes=True)
+    assert [f[0] for f in cutter.feed(_publish(1, b"a" * 100))] == [frames.FRAME_PUBLISH]
+    cutter.frame_max = 64  # as tune-ok sets it
+    with pytest.raises(ConnectionError_) as err:
+        cutter.feed(_publish(1, b"b" * 100))
+    assert err.value.code == 501
