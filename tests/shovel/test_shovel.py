@@ -195,3 +195,20 @@ async def test_moves_a_live_queue_from_rabbitmq_into_hare(hare: MgmtBroker) -> N
         await _until_depth(rabbit, "hare.shovel.live", 0)
     finally:
         hare.api("DELETE", "/api/parameters/shovel/%2F/migrate")
+
+
+async def test_shovels_are_in_definitions_export_and_import(hare: MgmtBroker) -> None:
+    value = {"src-uri": "amqp://", "src-queue": "sv.def", "dest-uri": "amqp://",
+             "dest-queue": "sv.def.dest"}
+    _shovel(hare, "exported", value)
+    exported = hare.get("/api/definitions")["parameters"]
+    assert {"vhost": "/", "component": "shovel", "name": "exported", "value": value} in exported
+    assert hare.api("DELETE", "/api/parameters/shovel/%2F/exported")[0] == 204
+    status, _ = hare.api("POST", "/api/definitions", {"parameters": [
+        {"vhost": "/", "component": "shovel", "name": "imported", "value": value}]})
+    assert status in (200, 201, 204)
+    await _state(hare, "imported", lambda r: r["state"] == "running")
+    status, body = hare.api("POST", "/api/definitions", {"parameters": [
+        {"vhost": "/", "component": "shovel", "name": "broken", "value": {**value, "src-uri": 1}}]})
+    assert status == 400 and "src-uri" in body["reason"]
+    assert hare.api("DELETE", "/api/parameters/shovel/%2F/imported")[0] == 204
