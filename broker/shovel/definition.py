@@ -14,7 +14,6 @@ _KNOWN = {
     "src-uri", "src-queue", "src-exchange", "src-exchange-key", "src-prefetch-count",
     "src-delete-after", "src-protocol", "dest-uri", "dest-queue", "dest-exchange",
     "dest-exchange-key", "dest-protocol", "ack-mode", "reconnect-delay",
-    "add-forward-headers", "dest-add-forward-headers",
 }
 
 
