@@ -59,6 +59,7 @@ class Shovel:
         self.since = time.time()
         self.moved = 0
         self._task: asyncio.Task[None] | None = None
+        self._urls: dict[str, str] = {}  # side -> the URL it is connected with
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"shovel {self.vhost}/{self.name}")
@@ -115,10 +116,13 @@ class Shovel:
     async def _connect(self, uris: tuple[str, ...], side: str) -> AbstractConnection:
         error: Exception | None = None
         for uri in uris:  # the plugin's list of URIs: the first that answers
+            url = self._local.resolve(uri, self.vhost)
             try:
-                return await aio_pika.connect(
-                    self._local.resolve(uri, self.vhost), timeout=10,
+                conn = await aio_pika.connect(
+                    url, timeout=10,
                     client_properties={"connection_name": f"Shovel {self.name} ({side})"})
+                self._urls[side] = url
+                return conn
             except Exception as exc:
                 error = exc
         raise ConnectionError(f"{side}: {error}")
@@ -152,37 +156,41 @@ class Shovel:
         for part in (src, dest, src_ch, dest_ch):
             part.close_callbacks.add(on_close)
         if d.dest_queue is not None:
-            await _declare(dest, dest_ch, d.dest_queue)
+            await _declare(self._urls["destination"], dest_ch, d.dest_queue)
         queue, remaining = await self._source(src, src_ch)
         if remaining == 0:
             return
         await src_ch.set_qos(prefetch_count=d.prefetch)
-        inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
-        await queue.consume(inbox.put_nowait, no_ack=d.ack_mode == "no-ack")
-        self._set("running")
         pending: set[asyncio.Task[None]] = set()
-        while remaining is None or remaining > 0:
-            get = asyncio.ensure_future(inbox.get())
-            await asyncio.wait((get, closed), return_when=asyncio.FIRST_COMPLETED)
-            if closed.done():
-                get.cancel()
-                raise ConnectionError(closed.result())
+        finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def on_message(msg: AbstractIncomingMessage) -> None:
+            nonlocal remaining
+            if remaining is not None:
+                if remaining <= 0:
+                    return  # past the count: left unacked, so the source keeps it
+                remaining -= 1
             # publishes leave in delivery order (each task writes before it first waits);
             # their confirms are awaited side by side, up to the prefetch
-            task = asyncio.create_task(self._forward(dest_ch, get.result()))
+            task = asyncio.create_task(self._forward(dest_ch, msg))
             pending.add(task)
             task.add_done_callback(pending.discard)
-            if remaining is not None:
-                remaining -= 1
-        if pending:
-            await asyncio.gather(*pending)
+            if remaining == 0 and not finished.done():
+                finished.set_result(None)
+
+        await queue.consume(on_message, no_ack=d.ack_mode == "no-ack")
+        self._set("running")
+        await asyncio.wait((finished, closed), return_when=asyncio.FIRST_COMPLETED)
+        if closed.done():
+            raise ConnectionError(closed.result())
+        await asyncio.gather(*pending)
 
     async def _source(self, src: AbstractConnection, ch: AbstractChannel
                       ) -> tuple[AbstractQueue, int | None]:
         """The queue consumed from, and how many messages to move (None: no end)."""
         d = self.definition
         if d.src_queue is not None:
-            queue = await _declare(src, ch, d.src_queue)
+            queue = await _declare(self._urls["source"], ch, d.src_queue)
         else:
             assert d.src_exchange is not None
             queue = await ch.declare_queue(exclusive=True)
@@ -214,15 +222,15 @@ class Shovel:
         self.moved += 1
 
 
-async def _declare(conn: AbstractConnection, ch: AbstractChannel, name: str) -> AbstractQueue:
-    """The queue as it is; declared durable when missing (the plugin declares it)."""
-    try:
-        probe = await conn.channel()
-        queue = await probe.declare_queue(name, passive=True)
-        await probe.close()
-    except ChannelNotFoundEntity:
-        queue = await ch.declare_queue(name, durable=True)
-        return queue
+async def _declare(url: str, ch: AbstractChannel, name: str) -> AbstractQueue:
+    """The queue as it is; declared durable when missing (the plugin declares it). The probe
+    is a connection of its own: closing a probe channel on the shovel's own connection was
+    seen to stall the other channels of that connection on Hare (reported; see SHOVEL.md)."""
+    async with await aio_pika.connect(url, timeout=10) as probe:
+        try:
+            await (await probe.channel()).declare_queue(name, passive=True)
+        except ChannelNotFoundEntity:
+            return await ch.declare_queue(name, durable=True)
     return await ch.declare_queue(name, passive=True)
 
 
