@@ -34,9 +34,11 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> int:
     from broker.node import Node
     from broker.server.listener import ListenerError
     from broker.server.tls import TlsError
+    from broker.shovel import Shovels
 
     node = Node(settings)
     node.add_plugin(Management())  # serves when a management listener is on
+    node.add_plugin(Shovels())  # dynamic shovels, built in (RabbitMQ's shovel plugin)
     try:
         await node.start()
     except (ListenerError, TlsError, NodeNameTaken, ClusterUnavailable) as exc:

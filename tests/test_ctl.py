@@ -441,3 +441,25 @@ async def test_topic_permissions_user_limits_and_scope(mb: MgmtBroker) -> None:
     done = await ctl(mb, *as_user, "purge_queue", "ctl.scope")
     assert done.returncode == 77 and "ACCESS_REFUSED - access to queue 'ctl.scope'" in done.stderr
     assert (await ctl(mb, "delete_user", user)).returncode == 0
+
+
+async def test_shovel_verbs(mb: MgmtBroker) -> None:
+    value = {"src-uri": "amqp://", "src-queue": "ctl.sv", "dest-uri": "amqp://",
+             "dest-queue": "ctl.sv.dest"}
+    status, _ = mb.api("PUT", "/api/parameters/shovel/%2F/ctl-sv", {"value": value})
+    assert status == 201
+    await mb.until("/api/shovels", lambda rows: [r["state"] for r in rows] == ["running"])
+    lines = (await ctl(mb, "list_shovels")).stdout.splitlines()
+    assert lines[0].split() == ["name", "vhost", "type", "state", "source", "destination",
+                                "reason"]
+    assert lines[1].split() == ["ctl-sv", "/", "dynamic", "running", "amqp://", "ctl.sv",
+                                "amqp://", "ctl.sv.dest"]
+    rows = json.loads((await ctl(mb, "--json", "shovel_status")).stdout)
+    assert [(r["name"], r["state"]) for r in rows] == [("ctl-sv", "running")]
+    done = await ctl(mb, "delete_shovel", "ctl-sv")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "Deleting shovel ctl-sv in vhost /"
+    assert mb.get("/api/shovels") == []
+    done = await ctl(mb, "delete_shovel", "ctl-sv")
+    assert done.returncode == 65
+    assert done.stderr == "hare-ctl: not found: shovel 'ctl-sv' in vhost '/'\n"

@@ -37,6 +37,7 @@ from broker.ctl.client import quote_name as _q
 from broker.ctl.lists import add_verbs as add_list_verbs
 from broker.ctl.policy import add_verbs as add_policy_verbs
 from broker.ctl.quorum import add_verbs as add_quorum_verbs
+from broker.ctl.shovel import add_verbs as add_shovel_verbs
 
 __all__ = ["CtlError", "main"]
 
@@ -349,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_policy_verbs(verb)
     add_access_verbs(verb)
     add_quorum_verbs(verb)
+    add_shovel_verbs(verb)
     verb("add_vhost", _add_vhost, "add a virtual host").add_argument("name")
     verb("delete_vhost", _delete_vhost, "delete a virtual host and all in it").add_argument(
         "name")

@@ -22,6 +22,7 @@ from broker.mgmt import (
     health,
     messages,
     metrics,
+    parameters,
     policies,
     quorum,
     topic_permissions,
@@ -103,6 +104,7 @@ def build_app(node: Node, stats: Stats) -> web.Application:
     definitions.add_routes(app)
     messages.add_routes(app)
     policies.add_routes(app)
+    parameters.add_routes(app)
     health.add_routes(app)
     topic_permissions.add_routes(app)
     user_limits.add_routes(app)

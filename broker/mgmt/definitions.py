@@ -4,7 +4,8 @@ loads into Hare and a Hare export loads into RabbitMQ.
 As RabbitMQ, only durable queues and exchanges are exported (transient ones are not topology
 to restore), never the amq.* and default exchanges, nor the implicit default-exchange
 bindings. Policies are in `policies`; operator policies and vhost limits are in `parameters`
-(components `operator_policy` and `vhost-limits`), as RabbitMQ exports them. Import applies
+(components `operator_policy` and `vhost-limits`), as RabbitMQ exports them, with those of
+the components plugins register (`shovel`: Node.parameter_components). Import applies
 vhosts, users (with their limits), permissions, topic permissions, limits, operator policies,
 policies, exchanges, queues, then bindings (policies before the queues they apply to); the
 first bad item stops it with a 400 naming that item (what came before it stays applied, as
@@ -91,6 +92,8 @@ def export_definitions(node: Node) -> dict[str, Any]:
         if params.limits:
             parameters.append({"value": dict(params.limits), "vhost": vname,
                                "component": _VHOST_LIMITS, "name": "limits"})
+    for component in node.parameter_components.values():  # plugins' (shovels)
+        parameters.extend(component.parameters())
     return {
         "rabbit_version": __version__,
         "rabbitmq_version": __version__,
@@ -166,6 +169,16 @@ def import_definitions(node: Node, defs: dict[str, Any],
     for item in _items(defs, "parameters"):
         component = item.get("component")
         value = item.get("value")
+        plugin = node.parameter_components.get(component) if isinstance(component, str) else None
+        if plugin is not None:
+            vhost = _vhost(node, item, "parameters")
+            try:
+                plugin.put(vhost.name, _str(item, "name", "parameters"), value,
+                           user.name if user is not None else None)
+            except ValueError as exc:  # the component's reason
+                raise ApiError(400, f"parameters: {exc}") from None
+            done[component] = done.get(component, 0) + 1
+            continue
         if component not in (_OPERATOR_POLICY, _VHOST_LIMITS):
             ignored[f"parameters:{component}"] = ignored.get(f"parameters:{component}", 0) + 1
             continue

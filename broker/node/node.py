@@ -19,7 +19,7 @@ from broker.flow.disk_monitor import DiskMonitor
 from broker.flow.memory_monitor import MemoryMonitor
 from broker.flow.memory_pressure import QueueLoad, ram_targets
 from broker.node.durable import Durable
-from broker.node.plugin import NodeEvents, Plugin
+from broker.node.plugin import NodeEvents, ParameterComponent, Plugin
 from broker.queue.amqqueue import AMQQueue
 from broker.server.direct_reply import ReplyRegistry
 from broker.server.listener import (
@@ -78,6 +78,8 @@ class Node:
         self.port = settings.port
         self.events = NodeEvents()  # what the broker's parts report to plugins
         self.plugins: list[Plugin] = []  # started in this order, stopped in the reverse
+        # runtime parameter components plugins own ("shovel"), served by the management API
+        self.parameter_components: dict[str, ParameterComponent] = {}
         self.cluster = make_cluster(self)  # this node alone, or a member of an etcd cluster
 
     # -- set-up -----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from broker.server.channel import Channel
     from broker.server.listener import Listener
 
-__all__ = ["Event", "NodeEvents", "Plugin"]
+__all__ = ["Event", "NodeEvents", "ParameterComponent", "Plugin"]
 
 T = TypeVar("T")
 
@@ -63,3 +63,22 @@ class Plugin(Protocol):
     async def stop(self) -> None:
         """First in the node's stop (before its clients are closed), or when the node's start
         fails after this plugin started. A plugin that served nothing has nothing to stop."""
+
+
+class ParameterComponent(Protocol):
+    """A component of runtime parameters a plugin owns (RabbitMQ's rabbit_runtime_parameter:
+    "shovel"), registered in `Node.parameter_components` so the management API can serve
+    /api/parameters/{component} without knowing the plugin."""
+
+    def parameters(self) -> list[dict[str, object]]:
+        """Every parameter as {"vhost", "component", "name", "value"}."""
+
+    def put(self, vhost: str, name: str, value: object, user: str | None) -> bool:
+        """Validate and apply; True when new. A malformed value raises ValueError whose text is
+        the reason (HTTP 400), and nothing changes."""
+
+    def delete(self, vhost: str, name: str) -> bool:
+        """Remove and stop it; False when there was none."""
+
+    def status(self) -> list[dict[str, object]]:
+        """What each running instance is doing (GET /api/shovels)."""

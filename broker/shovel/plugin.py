@@ -1,0 +1,139 @@
+"""The shovel plugin as the node sees it: the "shovel" runtime parameter component (served at
+/api/parameters/shovel and /api/shovels by the management API through
+`Node.parameter_components`) and the workers it runs. Definitions are kept in shovels.json in
+the data directory, written whole on each change (a handful of small records), and started
+again when the node starts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from broker.shovel.definition import ParameterInvalid, parse_definition
+from broker.shovel.worker import LocalBroker, Shovel
+
+if TYPE_CHECKING:
+    from broker.node import Node
+    from broker.server.listener import Listener
+
+__all__ = ["COMPONENT", "Shovels"]
+
+log = structlog.get_logger("hare.shovel")
+
+COMPONENT = "shovel"
+FILE = "shovels.json"
+
+
+class Shovels:
+    """Every dynamic shovel of the node, by (vhost, name)."""
+
+    listens: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self._values: dict[tuple[str, str], dict[str, Any]] = {}
+        self._running: dict[tuple[str, str], Shovel] = {}
+        self._node: Node | None = None
+        self._path: Path | None = None
+        self._local: LocalBroker | None = None
+
+    async def start(self, node: Node, listeners: list[Listener]) -> None:
+        s = node.settings
+        self._node = node
+        self._path = Path(s.data_dir) / FILE
+        self._local = LocalBroker(node.port, s.default_user, s.default_pass)
+        node.parameter_components[COMPONENT] = self
+        for record in self._load():
+            try:
+                self._apply(record["vhost"], record["name"], record["value"])
+            except (ParameterInvalid, KeyError) as exc:
+                log.error("stored shovel not started", record=record, reason=str(exc))
+
+    async def stop(self) -> None:
+        if self._node is not None:
+            self._node.parameter_components.pop(COMPONENT, None)
+        for shovel in list(self._running.values()):
+            await shovel.stop()
+        self._running.clear()
+
+    # -- the parameter component --------------------------------------------------------------
+    def parameters(self) -> list[dict[str, object]]:
+        return [{"vhost": v, "component": COMPONENT, "name": n, "value": value}
+                for (v, n), value in sorted(self._values.items())]
+
+    def put(self, vhost: str, name: str, value: object, user: str | None) -> bool:
+        if self._node is not None and vhost not in self._node.vhosts:
+            raise ParameterInvalid(f"no vhost '{vhost}'")
+        created = (vhost, name) not in self._values
+        self._apply(vhost, name, value)
+        self._save()
+        return created
+
+    def delete(self, vhost: str, name: str) -> bool:
+        if self._values.pop((vhost, name), None) is None:
+            return False
+        self._stop((vhost, name))
+        self._save()
+        return True
+
+    def status(self) -> list[dict[str, object]]:
+        node = self._node.settings.node_name if self._node is not None else ""
+        return [{"node": node, **s.status()} for _, s in sorted(self._running.items())]
+
+    # -- inside -------------------------------------------------------------------------------
+    def _apply(self, vhost: str, name: str, value: object) -> None:
+        definition = parse_definition(value)  # raises before anything changes
+        assert isinstance(value, dict) and self._local is not None
+        key = (vhost, name)
+        self._stop(key)
+        self._values[key] = value
+        shovel = Shovel(vhost, name, definition, self._local, self._finished)
+        self._running[key] = shovel
+        shovel.start()
+
+    def _stop(self, key: tuple[str, str]) -> None:
+        shovel = self._running.pop(key, None)
+        if shovel is not None:
+            # the task ends on its own; nothing of the caller (an HTTP request) waits for it
+            _background(shovel.stop())
+
+    def _finished(self, shovel: Shovel) -> None:
+        """src-delete-after reached: the plugin then deletes the shovel's parameter."""
+        key = (shovel.vhost, shovel.name)
+        if self._running.get(key) is shovel:
+            self._values.pop(key, None)
+            self._running.pop(key, None)
+            self._save()
+        log.info("shovel done, deleted", vhost=shovel.vhost, shovel=shovel.name,
+                 moved=shovel.moved)
+
+    def _load(self) -> list[dict[str, Any]]:
+        assert self._path is not None
+        try:
+            records = json.loads(self._path.read_text())
+        except FileNotFoundError:
+            return []
+        return records if isinstance(records, list) else []
+
+    def _save(self) -> None:
+        if self._path is None:
+            return
+        records = [{"vhost": v, "name": n, "value": value}
+                   for (v, n), value in sorted(self._values.items())]
+        tmp = self._path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(records))
+        os.replace(tmp, self._path)  # a crash leaves the old file or the new one, never half
+
+
+_tasks: set[asyncio.Task[None]] = set()
+
+
+def _background(coro: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.ensure_future(coro)
+    _tasks.add(task)  # held until done: the loop keeps only a weak reference
+    task.add_done_callback(_tasks.discard)

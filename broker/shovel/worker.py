@@ -1,0 +1,242 @@
+"""One running shovel: an AMQP client of its source and destination (aio-pika), consuming with
+prefetch and republishing; under on-confirm the source delivery is acked only once the
+destination confirmed it, so a message is lost by no failure and duplicated only when a
+connection drops between the confirm and the ack (as RabbitMQ's plugin). Either side going
+away ends the session; the shovel shows why and tries again after its reconnect delay,
+doubling up to a cap. It runs as its own task: nothing in the broker waits on it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import aio_pika
+import structlog
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
+from aiormq.exceptions import ChannelNotFoundEntity
+
+from broker.shovel.definition import ShovelDefinition
+
+__all__ = ["LocalBroker", "Shovel"]
+
+log = structlog.get_logger("hare.shovel")
+
+MAX_BACKOFF_S = 30.0
+_PROPERTIES = ("content_type", "content_encoding", "headers", "delivery_mode", "priority",
+               "correlation_id", "reply_to", "expiration", "message_id", "timestamp", "type",
+               "app_id")  # not user_id: the destination checks it against its own login
+
+
+class LocalBroker:
+    """Where `amqp://` with no host goes (the plugin's direct connection): this broker's own
+    AMQP listener, logged in as the node's default user."""
+
+    def __init__(self, port: int, user: str, password: str) -> None:
+        self.port, self.user, self.password = port, user, password
+
+    def resolve(self, uri: str, vhost: str) -> str:
+        parts = urlsplit(uri)
+        if parts.hostname:
+            return uri
+        # the shovel's own vhost when the URI names none, as the plugin's direct connection
+        path = parts.path if parts.path not in ("", "/") else "/" + quote(vhost, safe="")
+        login = f"{quote(self.user, safe='')}:{quote(self.password, safe='')}"
+        netloc = f"{login}@127.0.0.1:{self.port}"
+        return urlunsplit(("amqp", netloc, path, parts.query, ""))
+
+
+class Shovel:
+    def __init__(self, vhost: str, name: str, definition: ShovelDefinition, local: LocalBroker,
+                 on_finished: Callable[[Shovel], None]) -> None:
+        self.vhost, self.name, self.definition = vhost, name, definition
+        self._local = local
+        self._on_finished = on_finished
+        self.state = "starting"
+        self.reason: str | None = None
+        self.since = time.time()
+        self.moved = 0
+        self._task: asyncio.Task[None] | None = None
+        self._urls: dict[str, str] = {}  # side -> the URL it is connected with
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"shovel {self.vhost}/{self.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    def status(self) -> dict[str, Any]:
+        d = self.definition
+        out: dict[str, Any] = {
+            "name": self.name, "vhost": self.vhost, "type": "dynamic", "state": self.state,
+            "timestamp": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.since)),
+            "src_protocol": "amqp091", "dest_protocol": "amqp091",
+            "src_uri": _redacted(d.src_uris[0]), "dest_uri": _redacted(d.dest_uris[0]),
+            "messages_moved": self.moved,
+        }
+        for key, value in (("src_queue", d.src_queue), ("src_exchange", d.src_exchange),
+                           ("dest_queue", d.dest_queue), ("dest_exchange", d.dest_exchange)):
+            if value is not None:
+                out[key] = value
+        if self.reason is not None:
+            out["reason"] = self.reason
+        return out
+
+    def _set(self, state: str, reason: str | None = None) -> None:
+        self.state, self.reason, self.since = state, reason, time.time()
+
+    async def _run(self) -> None:
+        delay = self.definition.reconnect_delay_s
+        while True:
+            self._set("starting", self.reason)
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # any failure of either side: show it, retry later
+                self._set("terminated", f"{type(exc).__name__}: {exc}")
+                log.warning("shovel failed", vhost=self.vhost, shovel=self.name,
+                            reason=self.reason)
+            else:
+                self._set("terminated", "src-delete-after reached")
+                self._on_finished(self)
+                return
+            if self.definition.reconnect_delay_s == 0:
+                return  # the plugin's meaning of 0: no reconnect
+            if self.moved:  # the session ran: the next failure starts the backoff afresh
+                delay = self.definition.reconnect_delay_s
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max(MAX_BACKOFF_S, self.definition.reconnect_delay_s))
+
+    async def _connect(self, uris: tuple[str, ...], side: str) -> AbstractConnection:
+        error: Exception | None = None
+        for uri in uris:  # the plugin's list of URIs: the first that answers
+            url = self._local.resolve(uri, self.vhost)
+            try:
+                conn = await aio_pika.connect(
+                    url, timeout=10,
+                    client_properties={"connection_name": f"Shovel {self.name} ({side})"})
+                self._urls[side] = url
+                return conn
+            except Exception as exc:
+                error = exc
+        raise ConnectionError(f"{side}: {error}")
+
+    async def _session(self) -> None:
+        """Until the source is done (src-delete-after) or either side fails."""
+        d = self.definition
+        src = await self._connect(d.src_uris, "source")
+        try:
+            dest = await self._connect(d.dest_uris, "destination")
+        except BaseException:
+            await src.close()
+            raise
+        try:
+            await self._shovel(src, dest)
+        finally:
+            for conn in (src, dest):
+                if not conn.is_closed:
+                    await conn.close()
+
+    async def _shovel(self, src: AbstractConnection, dest: AbstractConnection) -> None:
+        d = self.definition
+        closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        def on_close(*args: Any) -> None:
+            if not closed.done():
+                closed.set_result(str(args[-1]) if len(args) > 1 else "connection closed")
+
+        dest_ch = await dest.channel(publisher_confirms=d.ack_mode == "on-confirm")
+        src_ch = await src.channel()
+        for part in (src, dest, src_ch, dest_ch):
+            part.close_callbacks.add(on_close)
+        if d.dest_queue is not None:
+            await _declare(self._urls["destination"], dest_ch, d.dest_queue)
+        queue, remaining = await self._source(src, src_ch)
+        if remaining == 0:
+            return
+        await src_ch.set_qos(prefetch_count=d.prefetch)
+        pending: set[asyncio.Task[None]] = set()
+        finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def on_message(msg: AbstractIncomingMessage) -> None:
+            nonlocal remaining
+            if remaining is not None:
+                if remaining <= 0:
+                    return  # past the count: left unacked, so the source keeps it
+                remaining -= 1
+            # publishes leave in delivery order (each task writes before it first waits);
+            # their confirms are awaited side by side, up to the prefetch
+            task = asyncio.create_task(self._forward(dest_ch, msg))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            if remaining == 0 and not finished.done():
+                finished.set_result(None)
+
+        await queue.consume(on_message, no_ack=d.ack_mode == "no-ack")
+        self._set("running")
+        await asyncio.wait((finished, closed), return_when=asyncio.FIRST_COMPLETED)
+        if closed.done():
+            raise ConnectionError(closed.result())
+        await asyncio.gather(*pending)
+
+    async def _source(self, src: AbstractConnection, ch: AbstractChannel
+                      ) -> tuple[AbstractQueue, int | None]:
+        """The queue consumed from, and how many messages to move (None: no end)."""
+        d = self.definition
+        if d.src_queue is not None:
+            queue = await _declare(self._urls["source"], ch, d.src_queue)
+        else:
+            assert d.src_exchange is not None
+            queue = await ch.declare_queue(exclusive=True)
+            await queue.bind(d.src_exchange, d.src_exchange_key)
+        if d.delete_after == "queue-length":
+            return queue, queue.declaration_result.message_count or 0
+        return queue, None if d.delete_after == "never" else int(d.delete_after)
+
+    async def _forward(self, ch: AbstractChannel, msg: AbstractIncomingMessage) -> None:
+        d = self.definition
+        props = {k: getattr(msg, k) for k in _PROPERTIES if getattr(msg, k) is not None}
+        out = aio_pika.Message(msg.body, **props)
+        if d.dest_queue is not None:
+            exchange, key = "", d.dest_queue
+        elif d.dest_exchange is not None:
+            exchange, key = d.dest_exchange, d.dest_exchange_key or msg.routing_key or ""
+        else:  # neither: where the message was published, as the plugin
+            exchange, key = msg.exchange or "", msg.routing_key or ""
+        target = ch.default_exchange if exchange == "" else await ch.get_exchange(
+            exchange, ensure=False)
+        try:
+            await target.publish(out, routing_key=key)
+        except aio_pika.exceptions.DeliveryError:
+            if d.ack_mode != "no-ack":
+                await msg.nack(requeue=True)  # the destination refused it: keep it at the source
+            return
+        if d.ack_mode != "no-ack":
+            await msg.ack()
+        self.moved += 1
+
+
+async def _declare(url: str, ch: AbstractChannel, name: str) -> AbstractQueue:
+    """The queue as it is; declared durable when missing (the plugin declares it). The probe
+    is a connection of its own: closing a probe channel on the shovel's own connection was
+    seen to stall the other channels of that connection on Hare (reported; see SHOVEL.md)."""
+    async with await aio_pika.connect(url, timeout=10) as probe:
+        try:
+            await (await probe.channel()).declare_queue(name, passive=True)
+        except ChannelNotFoundEntity:
+            return await ch.declare_queue(name, durable=True)
+    return await ch.declare_queue(name, passive=True)
+
+
+def _redacted(uri: str) -> str:
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -1,0 +1,214 @@
+"""Dynamic shovels (broker/shovel) over real sockets: defined through the management API,
+moving messages between queues of real brokers with aio-pika clients on both ends."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pytest
+
+from tests.conftest import BrokerProc
+from tests.mgmt.helpers import MgmtBroker, free_port
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture(scope="module")
+def hare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MgmtBroker]:
+    b = MgmtBroker(tmp_path_factory.mktemp("shovel") / "data").start()
+    yield b
+    b.stop()
+
+
+async def _publish(url: str, queue: str, bodies: list[bytes]) -> None:
+    async with await aio_pika.connect(url) as conn:
+        ch = await conn.channel()
+        await ch.declare_queue(queue, durable=True)
+        for body in bodies:
+            await ch.default_exchange.publish(
+                aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), queue)
+
+
+async def _drain(url: str, queue: str, count: int, timeout: float = 30.0) -> list[bytes]:
+    """The first `count` messages of `queue`, acked, in delivery order."""
+    got: list[bytes] = []
+    async with await aio_pika.connect(url) as conn:
+        ch = await conn.channel()
+        q = await ch.declare_queue(queue, durable=True)
+        async with asyncio.timeout(timeout), q.iterator() as it:
+            async for msg in it:
+                await msg.ack()
+                got.append(msg.body)
+                if len(got) == count:
+                    break
+    return got
+
+
+async def _depth(url: str, queue: str) -> int:
+    async with await aio_pika.connect(url) as conn:
+        q = await (await conn.channel()).declare_queue(queue, passive=True)
+        return q.declaration_result.message_count or 0
+
+
+async def _until_depth(url: str, queue: str, want: int, timeout: float = 10.0) -> None:
+    """The last acks may land a moment after the destination has every message."""
+    async with asyncio.timeout(timeout):
+        while await _depth(url, queue) != want:
+            await asyncio.sleep(0.05)
+
+
+def _shovel(b: MgmtBroker, name: str, value: dict[str, Any]) -> None:
+    status, body = b.api("PUT", f"/api/parameters/shovel/%2F/{name}", {"value": value})
+    assert status in (201, 204), body
+
+
+async def _state(b: MgmtBroker, name: str, check: Any, timeout: float = 20.0) -> dict[str, Any]:
+    rows = await b.until("/api/shovels", lambda rows: any(
+        r["name"] == name and check(r) for r in rows), timeout)
+    return next(r for r in rows if r["name"] == name)
+
+
+async def test_moves_every_message_in_order_and_empties_the_source(hare: MgmtBroker) -> None:
+    bodies = [f"m{i}".encode() for i in range(500)]
+    await _publish(hare.url, "sv.src", bodies)
+    _shovel(hare, "move", {"src-uri": "amqp://", "src-queue": "sv.src",
+                           "dest-uri": "amqp://", "dest-queue": "sv.dest",
+                           "src-prefetch-count": 50})
+    row = await _state(hare, "move", lambda r: r["state"] == "running")
+    assert row["vhost"] == "/" and row["src_queue"] == "sv.src"
+    assert await _drain(hare.url, "sv.dest", 500) == bodies
+    await _until_depth(hare.url, "sv.src", 0)
+    assert hare.get("/api/parameters/shovel/%2F/move")["value"]["dest-queue"] == "sv.dest"
+    assert hare.api("DELETE", "/api/parameters/shovel/%2F/move")[0] == 204
+
+
+async def test_src_delete_after_queue_length_moves_what_was_there_then_goes(
+        hare: MgmtBroker) -> None:
+    await _publish(hare.url, "sv.once", [b"%d" % i for i in range(100)])
+    _shovel(hare, "once", {"src-uri": "amqp://", "src-queue": "sv.once",
+                           "dest-uri": "amqp://", "dest-queue": "sv.once.dest",
+                           "src-delete-after": "queue-length"})
+    await hare.until("/api/parameters/shovel", lambda rows: not any(
+        r["name"] == "once" for r in rows), timeout=20)
+    assert await _depth(hare.url, "sv.once.dest") == 100
+    assert not any(r["name"] == "once" for r in hare.get("/api/shovels"))
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    ({"src-queue": "a", "dest-uri": "amqp://", "dest-queue": "b"}, "src-uri"),
+    ({"src-uri": "amqp://", "dest-uri": "amqp://", "dest-queue": "b"}, "src-queue"),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "dest-queue": "b",
+      "ack-mode": "sometimes"}, "ack-mode"),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "dest-queue": "b",
+      "colour": "blue"}, "colour"),
+    ({"src-uri": "http://x", "src-queue": "a", "dest-uri": "amqp://", "dest-queue": "b"},
+     "src-uri"),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "dest-queue": "b",
+      "src-delete-after": "later"}, "src-delete-after"),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "dest-queue": "b",
+      "dest-protocol": "amqp10"}, "amqp091"),
+    ("not an object", "object"),
+])
+async def test_a_malformed_definition_is_refused_and_nothing_changes(
+        hare: MgmtBroker, value: Any, reason: str) -> None:
+    status, body = hare.api("PUT", "/api/parameters/shovel/%2F/bad", {"value": value})
+    assert status == 400 and reason in body["reason"], body
+    assert hare.api("GET", "/api/parameters/shovel/%2F/bad")[0] == 404
+    assert not any(r["name"] == "bad" for r in hare.get("/api/shovels"))
+
+
+async def test_delete_stops_the_shovel(hare: MgmtBroker) -> None:
+    _shovel(hare, "stopme", {"src-uri": "amqp://", "src-queue": "sv.stop",
+                             "dest-uri": "amqp://", "dest-queue": "sv.stop.dest"})
+    await _state(hare, "stopme", lambda r: r["state"] == "running")
+    assert hare.api("DELETE", "/api/parameters/shovel/%2F/stopme")[0] == 204
+    assert hare.api("DELETE", "/api/parameters/shovel/%2F/stopme")[0] == 404
+    # its consumer goes with it: once the source has none, a message published stays there
+    await hare.until("/api/queues/%2F/sv.stop", lambda q: q.get("consumers") == 0, timeout=10)
+    await _publish(hare.url, "sv.stop", [b"stays"])
+    await asyncio.sleep(0.5)
+    assert await _depth(hare.url, "sv.stop") == 1
+    assert not any(r["name"] == "stopme" for r in hare.get("/api/shovels"))
+
+
+async def test_a_shovel_survives_a_restart_and_resumes(tmp_path: Path) -> None:
+    b = MgmtBroker(tmp_path / "data").start()
+    try:
+        _shovel(b, "durable", {"src-uri": "amqp://", "src-queue": "sv.r",
+                               "dest-uri": "amqp://", "dest-queue": "sv.r.dest"})
+        await _state(b, "durable", lambda r: r["state"] == "running")
+        b.stop()
+        b.start()
+        await _state(b, "durable", lambda r: r["state"] == "running")
+        await _publish(b.url, "sv.r", [b"after restart"])
+        assert await _drain(b.url, "sv.r.dest", 1) == [b"after restart"]
+    finally:
+        b.stop()
+
+
+async def test_an_unreachable_destination_shows_the_error_then_runs(
+        hare: MgmtBroker, tmp_path: Path) -> None:
+    port = free_port()
+    other = BrokerProc(tmp_path / "other")
+    other.port = port
+    dest = f"amqp://guest:guest@127.0.0.1:{port}/%2F"
+    await _publish(hare.url, "sv.far", [b"waiting"])
+    _shovel(hare, "far", {"src-uri": "amqp://", "src-queue": "sv.far", "dest-uri": dest,
+                          "dest-queue": "sv.far.dest", "reconnect-delay": 0.5})
+    row = await _state(hare, "far", lambda r: r["state"] == "terminated")
+    assert "destination" in row["reason"]
+    other.start()
+    try:
+        await _state(hare, "far", lambda r: r["state"] == "running", timeout=60)
+        assert await _drain(other.url, "sv.far.dest", 1) == [b"waiting"]
+    finally:
+        hare.api("DELETE", "/api/parameters/shovel/%2F/far")
+        other.stop()
+
+
+def _rabbitmq_answers() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 5672), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _rabbitmq_answers(), reason="no RabbitMQ answers on 127.0.0.1:5672")
+async def test_moves_a_live_queue_from_rabbitmq_into_hare(hare: MgmtBroker) -> None:
+    rabbit = "amqp://guest:guest@127.0.0.1:5672/%2F"
+    before = [f"before {i}".encode() for i in range(200)]
+    after = [f"after {i}".encode() for i in range(200)]
+    await _publish(rabbit, "hare.shovel.live", before)
+    _shovel(hare, "migrate", {"src-uri": rabbit, "src-queue": "hare.shovel.live",
+                              "dest-uri": "amqp://", "dest-queue": "sv.migrated"})
+    try:
+        await _publish(rabbit, "hare.shovel.live", after)  # producers keep going meanwhile
+        assert await _drain(hare.url, "sv.migrated", 400) == before + after
+        await asyncio.sleep(0.5)
+        assert await _depth(hare.url, "sv.migrated") == 0  # nothing twice
+        await _until_depth(rabbit, "hare.shovel.live", 0)
+    finally:
+        hare.api("DELETE", "/api/parameters/shovel/%2F/migrate")
+
+
+async def test_shovels_are_in_definitions_export_and_import(hare: MgmtBroker) -> None:
+    value = {"src-uri": "amqp://", "src-queue": "sv.def", "dest-uri": "amqp://",
+             "dest-queue": "sv.def.dest"}
+    _shovel(hare, "exported", value)
+    exported = hare.get("/api/definitions")["parameters"]
+    assert {"vhost": "/", "component": "shovel", "name": "exported", "value": value} in exported
+    assert hare.api("DELETE", "/api/parameters/shovel/%2F/exported")[0] == 204
+    status, _ = hare.api("POST", "/api/definitions", {"parameters": [
+        {"vhost": "/", "component": "shovel", "name": "imported", "value": value}]})
+    assert status in (200, 201, 204)
+    await _state(hare, "imported", lambda r: r["state"] == "running")
+    status, body = hare.api("POST", "/api/definitions", {"parameters": [
+        {"vhost": "/", "component": "shovel", "name": "broken", "value": {**value, "src-uri": 1}}]})
+    assert status == 400 and "src-uri" in body["reason"]
+    assert hare.api("DELETE", "/api/parameters/shovel/%2F/imported")[0] == 204
