@@ -149,3 +149,43 @@ def test_pika_consumer_keeps_receiving_after_sibling_channel_closes(broker, pika
     ch.cancel()
     t.join(30)
     assert stop.is_set() and got == N and probes == 5
+
+
+def test_raw_consumer_keeps_receiving_while_probe_channel_awaits_close_ok(broker):
+    """Raw frames: the probe's channel is closed by the server (404) and the client never
+    answers close-ok; the consuming channel 1 and publishing channel 3 carry on regardless."""
+    from pamqp import commands
+
+    from tests.amqp_raw import RawClient
+
+    c = RawClient(broker.port)
+    c.handshake()
+    for n in (1, 2, 3):
+        c.open_channel(n)
+    c.send_method(1, commands.Queue.Declare(queue="", exclusive=True))
+    q = c.expect(commands.Queue.DeclareOk, 1).queue
+    c.send_method(1, commands.Basic.Qos(prefetch_count=100))
+    c.expect(commands.Basic.QosOk, 1)
+    c.send_method(1, commands.Basic.Consume(queue=q))
+    c.expect(commands.Basic.ConsumeOk, 1)
+    got = 0
+    total = 2000
+    probe_closed = False
+    for batch in range(total // 100):
+        if batch == 2:
+            c.send_method(2, commands.Queue.Declare(queue="no-such-queue-probe", passive=True))
+        for _ in range(100):
+            c.send_method(3, commands.Basic.Publish(exchange="", routing_key=q))
+            c.send_content(3, BODY)
+        want = (batch + 1) * 100
+        while got < want:
+            ch, value = c.recv_frame(10)
+            if isinstance(value, commands.Channel.Close):
+                assert (ch, value.reply_code) == (2, 404)  # left unanswered on purpose
+                probe_closed = True
+            elif isinstance(value, commands.Basic.Deliver):
+                assert ch == 1
+                got += 1
+                c.send_method(1, commands.Basic.Ack(delivery_tag=value.delivery_tag))
+    assert got == total and probe_closed
+    c.close()
