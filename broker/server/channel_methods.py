@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import base64
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
@@ -65,25 +66,28 @@ async def exchange_delete(ch: Channel, m: commands.Exchange.Delete) -> None:
 
 
 async def exchange_bind(ch: Channel, m: commands.Exchange.Bind) -> None:
-    ch.check("write", "exchange", m.destination)
-    ch.check("read", "exchange", m.source)
-    ch.check_topic(m.source, m.routing_key, "read")
-    await ch.cluster.check_writable()
-    ch.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments or {})
-    await ch.cluster.commit()
-    if not m.nowait:
-        ch.send(commands.Exchange.BindOk())
+    await _exchange_binding(ch, m, ch.vhost.bind_exchange, commands.Exchange.BindOk())
 
 
 async def exchange_unbind(ch: Channel, m: commands.Exchange.Unbind) -> None:
+    await _exchange_binding(ch, m, ch.vhost.unbind_exchange, commands.Exchange.UnbindOk())
+
+
+async def _exchange_binding(
+    ch: Channel,
+    m: commands.Exchange.Bind | commands.Exchange.Unbind,
+    change: Callable[[str, str, str, dict[str, Any]], object],
+    reply: commands.Exchange.BindOk | commands.Exchange.UnbindOk,
+) -> None:
+    """exchange.bind and exchange.unbind: the same checks, then `change` on the vhost."""
     ch.check("write", "exchange", m.destination)
     ch.check("read", "exchange", m.source)
     ch.check_topic(m.source, m.routing_key, "read")
     await ch.cluster.check_writable()
-    ch.vhost.unbind_exchange(m.destination, m.source, m.routing_key, m.arguments or {})
+    change(m.destination, m.source, m.routing_key, m.arguments or {})
     await ch.cluster.commit()
     if not m.nowait:
-        ch.send(commands.Exchange.UnbindOk())
+        ch.send(reply)
 
 
 # -- queues --------------------------------------------------------------------------------------
@@ -138,12 +142,7 @@ def _declare_reply_queue(ch: Channel, m: commands.Queue.Declare) -> None:
 
 
 async def queue_bind(ch: Channel, m: commands.Queue.Bind) -> None:
-    if not m.queue and not m.routing_key:
-        m.routing_key = ch.queue_name("")
-    m.queue = ch.queue_name(m.queue)
-    ch.check("write", "queue", m.queue)
-    ch.check("read", "exchange", m.exchange)
-    ch.check_topic(m.exchange, m.routing_key, "read")
+    _check_queue_binding(ch, m)
     q = ch.vhost.queue(m.queue, ch.reader)
     await ch.cluster.check_writable()
     ch.vhost.bind_queue(q, m.exchange, m.routing_key, m.arguments or {})
@@ -153,17 +152,24 @@ async def queue_bind(ch: Channel, m: commands.Queue.Bind) -> None:
 
 
 async def queue_unbind(ch: Channel, m: commands.Queue.Unbind) -> None:
+    _check_queue_binding(ch, m)
+    # unbinding from a missing queue succeeds; queue.unbind has no nowait
+    q = ch.vhost.queue(m.queue, ch.reader) if m.queue in ch.vhost.queues else None
+    await ch.cluster.check_writable()
+    ch.vhost.unbind_queue(q, m.exchange, m.routing_key, m.arguments or {})
+    await ch.cluster.commit()
+    ch.send(commands.Queue.UnbindOk())
+
+
+def _check_queue_binding(ch: Channel, m: commands.Queue.Bind | commands.Queue.Unbind) -> None:
+    """Resolve the queue name (empty: the channel's last-declared queue, and its name as the
+    key if none is given), then the permission checks both queue.bind and unbind make."""
     if not m.queue and not m.routing_key:
         m.routing_key = ch.queue_name("")
     m.queue = ch.queue_name(m.queue)
     ch.check("write", "queue", m.queue)
     ch.check("read", "exchange", m.exchange)
     ch.check_topic(m.exchange, m.routing_key, "read")
-    q = ch.vhost.queue(m.queue, ch.reader) if m.queue in ch.vhost.queues else None
-    await ch.cluster.check_writable()
-    ch.vhost.unbind_queue(q, m.exchange, m.routing_key, m.arguments or {})
-    await ch.cluster.commit()
-    ch.send(commands.Queue.UnbindOk())
 
 
 async def queue_delete(ch: Channel, m: commands.Queue.Delete) -> None:
