@@ -318,9 +318,6 @@ class EtcdCluster:
     async def commit(self) -> None:
         await self.metadata.commit()
 
-    async def counts(self, queue: Any) -> tuple[int, int]:
-        return await queue.counts()
-
     async def change_queue_members(self, vhost: str, name: str, *, add: str | None,
                                    remove: str | None) -> dict[str, Any]:
         await self.metadata.check_writable()

@@ -71,9 +71,6 @@ class Cluster(Protocol):
     async def commit(self) -> None:
         """After a metadata change: return once the cluster has it."""
 
-    async def counts(self, queue: Any) -> tuple[int, int]:
-        """(messages, consumers) of a queue as its home node has them (declare-ok)."""
-
     async def change_queue_members(self, vhost: str, name: str, *, add: str | None,
                                    remove: str | None) -> dict[str, Any]:
         """A quorum queue's members grown or shrunk (its record: members, leader); LookupError
@@ -124,9 +121,6 @@ class LocalCluster:
 
     async def commit(self) -> None:
         pass
-
-    async def counts(self, queue: Any) -> tuple[int, int]:
-        return await queue.counts()
 
     async def change_queue_members(self, vhost: str, name: str, *, add: str | None,
                                    remove: str | None) -> dict[str, Any]:

@@ -123,7 +123,7 @@ async def queue_declare(ch: Channel, m: commands.Queue.Declare) -> None:
     await ch.cluster.commit()
     ch.last_queue = q.name
     if not m.nowait:
-        messages, consumers = await ch.cluster.counts(q)  # the home node's, in a cluster
+        messages, consumers = await q.counts()  # the home node's, in a cluster
         ch.send(
             commands.Queue.DeclareOk(
                 queue=q.name, message_count=messages, consumer_count=consumers

@@ -2,8 +2,8 @@
 either side of it: each protocol member exists on each implementation (a method, a property,
 a class attribute or one its __init__ sets), and each method that may answer later is a
 coroutine on every implementation, so callers always await and never ask which kind they
-hold. mypy (`make lint`) checks the signatures; this checks, at run time and fast, that
-nothing was left out."""
+hold, taking the same parameters (names, kinds, defaults) as the contract. mypy (`make
+lint`) checks the types; this checks, at run time and fast, that nothing was left out."""
 
 from __future__ import annotations
 
@@ -81,6 +81,14 @@ def test_methods_have_one_shape(proto: type, cls: type) -> None:
         assert callable(impl), f"{cls.__name__}.{name} is not a method"
         assert (inspect.iscoroutinefunction(impl)
                 == inspect.iscoroutinefunction(member)), f"{cls.__name__}.{name}"
+        assert _params(impl) == _params(member), f"{cls.__name__}.{name}: parameters"
+
+
+def _params(fn: Any) -> list[tuple[str, Any, bool]]:
+    """Each parameter's name, kind and whether it has a default: a caller's keyword or
+    positional argument lands on every implementation alike."""
+    return [(p.name, p.kind, p.default is not p.empty)
+            for p in inspect.signature(fn).parameters.values()]
 
 
 def test_the_contract_names_the_rare_operations_as_coroutines() -> None:
