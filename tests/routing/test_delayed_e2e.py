@@ -126,23 +126,22 @@ def test_deleting_the_exchange_drops_what_it_holds(pika_conns) -> None:
     assert depth(ch, q) == 0
 
 
+def confirming_channel(url: str) -> pika.adapters.blocking_connection.BlockingChannel:
+    ch = pika.BlockingConnection(pika.URLParameters(url + "%2F?heartbeat=0")).channel()
+    ch.confirm_delivery()
+    return ch
+
+
 def test_a_durable_one_is_restored_and_still_holds_messages(fresh_broker) -> None:
     b = fresh_broker.start()
-
-    def channel() -> pika.adapters.blocking_connection.BlockingChannel:
-        c = pika.BlockingConnection(pika.URLParameters(b.url + "%2F?heartbeat=0"))
-        ch = c.channel()
-        ch.confirm_delivery()
-        return ch
-
-    ch = channel()
+    ch = confirming_channel(b.url)
     ch.exchange_declare("dx", "x-delayed-message", durable=True,
                         arguments={"x-delayed-type": "direct"})
     ch.queue_declare("dq", durable=True)
     ch.queue_bind("dq", "dx", "k")
     ch.connection.close()
     b.restart()
-    ch = channel()
+    ch = confirming_channel(b.url)
     ch.basic_publish("dx", "k", b"", pika.BasicProperties(headers={"x-delay": 300}))
     assert depth(ch, "dq") == 0  # held: the restored exchange has its holder wiring
     wait_depth(ch, "dq", 1)
@@ -152,14 +151,7 @@ def test_a_durable_one_is_restored_and_still_holds_messages(fresh_broker) -> Non
 @pytest.mark.parametrize("clean", [True, False])
 def test_confirmed_persistent_delayed_messages_survive_a_restart(fresh_broker, clean) -> None:  # type: ignore[no-untyped-def]
     b = fresh_broker.start()
-
-    def channel() -> pika.adapters.blocking_connection.BlockingChannel:
-        c = pika.BlockingConnection(pika.URLParameters(b.url + "%2F?heartbeat=0"))
-        ch = c.channel()
-        ch.confirm_delivery()
-        return ch
-
-    ch = channel()
+    ch = confirming_channel(b.url)
     ch.exchange_declare("dx", "x-delayed-message", durable=True,
                         arguments={"x-delayed-type": "direct"})
     ch.queue_declare("dq", durable=True)
@@ -170,7 +162,7 @@ def test_confirmed_persistent_delayed_messages_survive_a_restart(fresh_broker, c
     ch.basic_publish("dx", "k", b"transient", pika.BasicProperties(headers={"x-delay": 1500}))
     ch.connection.close()
     b.restart(clean=clean)
-    ch = channel()
+    ch = confirming_channel(b.url)
     assert depth(ch, "dq") == 0  # still held
     wait_depth(ch, "dq", 30, timeout=10)
     time.sleep(0.2)
