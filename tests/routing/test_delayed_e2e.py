@@ -33,13 +33,18 @@ def delayed(ch, kind: str = "direct") -> str:  # type: ignore[no-untyped-def]
     return x
 
 
+def delayed_to_queue(ch, kind: str, key: str) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    """A new delayed exchange of type `kind` and a new queue bound to it with `key`."""
+    x, q = delayed(ch, kind), unique("dq")
+    ch.queue_declare(q)
+    ch.queue_bind(q, x, key)
+    return x, q
+
+
 def test_a_delayed_message_routes_when_due_with_x_delay_negated(pika_conns) -> None:
     ch = pika_conns().channel()
     ch.confirm_delivery()
-    x = delayed(ch)
-    q = unique("dq")
-    ch.queue_declare(q)
-    ch.queue_bind(q, x, "k")
+    x, q = delayed_to_queue(ch, "direct", "k")
     # mandatory: held messages count as routed, so nothing is returned (confirm_delivery
     # would raise UnroutableError)
     ch.basic_publish(x, "k", b"later", pika.BasicProperties(headers={"x-delay": 400}),
@@ -54,10 +59,7 @@ def test_a_delayed_message_routes_when_due_with_x_delay_negated(pika_conns) -> N
 def test_no_positive_delay_routes_at_once(pika_conns, headers) -> None:  # type: ignore[no-untyped-def]
     ch = pika_conns().channel()
     ch.confirm_delivery()
-    x = delayed(ch)
-    q = unique("dq")
-    ch.queue_declare(q)
-    ch.queue_bind(q, x, "k")
+    x, q = delayed_to_queue(ch, "direct", "k")
     ch.basic_publish(x, "k", b"now", pika.BasicProperties(headers=headers))
     assert depth(ch, q) == 1
     ch.basic_publish(x, "other", b"unroutable", pika.BasicProperties(headers=headers))
@@ -86,10 +88,7 @@ def test_due_messages_follow_the_bindings_of_that_time_and_the_type_rules(pika_c
 def test_messages_of_one_delay_keep_their_order(pika_conns) -> None:
     ch = pika_conns().channel()
     ch.confirm_delivery()
-    x = delayed(ch, "fanout")
-    q = unique("dq")
-    ch.queue_declare(q)
-    ch.queue_bind(q, x, "")
+    x, q = delayed_to_queue(ch, "fanout", "")
     for i in range(50):
         ch.basic_publish(x, "", str(i).encode(),
                          pika.BasicProperties(headers={"x-delay": 200 if i % 2 else 100}))
@@ -116,10 +115,7 @@ def test_a_bad_delayed_type_is_refused(pika_conns, arguments, text) -> None:  # 
 def test_deleting_the_exchange_drops_what_it_holds(pika_conns) -> None:
     ch = pika_conns().channel()
     ch.confirm_delivery()
-    x = delayed(ch)
-    q = unique("dq")
-    ch.queue_declare(q)
-    ch.queue_bind(q, x, "k")
+    x, q = delayed_to_queue(ch, "direct", "k")
     ch.basic_publish(x, "k", b"", pika.BasicProperties(headers={"x-delay": 200}))
     ch.exchange_delete(x)
     time.sleep(0.4)
