@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -170,6 +170,14 @@ class VHost:
             self.node.durable.new_queue(q)
         q.start()
         return q
+
+    def delay_queues(self) -> Iterator[DelayQueue]:
+        """The queues holding the delayed-message exchanges' messages (in no `queues`)."""
+        for ex in self.exchanges.values():
+            if isinstance(ex, DelayedMessageExchange):
+                for held in ex.held.values():
+                    assert isinstance(held, DelayQueue)
+                    yield held
 
     def _drop_held(self, ex: Exchange) -> None:
         """`ex` is gone: so are the messages it was holding (as the plugin's)."""
@@ -432,11 +440,8 @@ class VHost:
         """Broker shutdown: queue tasks end, durable queue state stays on disk."""
         for q in list(self.queues.values()):
             q.shutdown()
-        for ex in self.exchanges.values():
-            if isinstance(ex, DelayedMessageExchange):
-                for held in ex.held.values():
-                    assert isinstance(held, DelayQueue)
-                    held.shutdown()
+        for held in self.delay_queues():
+            held.shutdown()
 
 
 def _fmt(value: object) -> str:

@@ -112,11 +112,8 @@ class Durable:
 
     async def stop(self) -> None:
         for vhost in self.node.vhosts.values():
-            for ex in vhost.exchanges.values():
-                if isinstance(ex, DelayedMessageExchange):
-                    for held in ex.held.values():
-                        assert isinstance(held, DelayQueue)
-                        held.close()
+            for held in vhost.delay_queues():
+                held.close()
             for q in list(vhost.queues.values()):
                 q.close()
                 if isinstance(q, StreamQueue) and q.log is not None:

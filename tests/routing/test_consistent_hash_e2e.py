@@ -75,7 +75,9 @@ def test_hash_header_and_hash_property(pika_conns) -> None:
             for body in bodies:
                 owners.setdefault(body.decode().split(":")[0], set()).add(q)
         assert len(owners) == 20 and all(len(qs) == 1 for qs in owners.values())
-        assert len({q for qs in owners.values() for q in qs}) == 3
+        # spread over more than one queue; not "all three": the ring's points come from the
+        # random queue names, so a queue can own none of the 20 values (about 1 run in 8)
+        assert len({q for qs in owners.values() for q in qs}) >= 2
 
 
 def test_weights_share_out_the_messages(pika_conns) -> None:

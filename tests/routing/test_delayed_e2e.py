@@ -33,13 +33,18 @@ def delayed(ch, kind: str = "direct") -> str:  # type: ignore[no-untyped-def]
     return x
 
 
+def delayed_to_queue(ch, kind: str, key: str) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    """A new delayed exchange of type `kind` and a new queue bound to it with `key`."""
+    x, q = delayed(ch, kind), unique("dq")
+    ch.queue_declare(q)
+    ch.queue_bind(q, x, key)
+    return x, q
+
+
 def test_a_delayed_message_routes_when_due_with_x_delay_negated(pika_conns) -> None:
     ch = pika_conns().channel()
     ch.confirm_delivery()
-    x = delayed(ch)
-    q = unique("dq")
-    ch.queue_declare(q)
-    ch.queue_bind(q, x, "k")
+    x, q = delayed_to_queue(ch, "direct", "k")
     # mandatory: held messages count as routed, so nothing is returned (confirm_delivery
     # would raise UnroutableError)
     ch.basic_publish(x, "k", b"later", pika.BasicProperties(headers={"x-delay": 400}),
@@ -54,10 +59,7 @@ def test_a_delayed_message_routes_when_due_with_x_delay_negated(pika_conns) -> N
 def test_no_positive_delay_routes_at_once(pika_conns, headers) -> None:  # type: ignore[no-untyped-def]
     ch = pika_conns().channel()
     ch.confirm_delivery()
-    x = delayed(ch)
-    q = unique("dq")
-    ch.queue_declare(q)
-    ch.queue_bind(q, x, "k")
+    x, q = delayed_to_queue(ch, "direct", "k")
     ch.basic_publish(x, "k", b"now", pika.BasicProperties(headers=headers))
     assert depth(ch, q) == 1
     ch.basic_publish(x, "other", b"unroutable", pika.BasicProperties(headers=headers))
@@ -86,10 +88,7 @@ def test_due_messages_follow_the_bindings_of_that_time_and_the_type_rules(pika_c
 def test_messages_of_one_delay_keep_their_order(pika_conns) -> None:
     ch = pika_conns().channel()
     ch.confirm_delivery()
-    x = delayed(ch, "fanout")
-    q = unique("dq")
-    ch.queue_declare(q)
-    ch.queue_bind(q, x, "")
+    x, q = delayed_to_queue(ch, "fanout", "")
     for i in range(50):
         ch.basic_publish(x, "", str(i).encode(),
                          pika.BasicProperties(headers={"x-delay": 200 if i % 2 else 100}))
@@ -116,33 +115,29 @@ def test_a_bad_delayed_type_is_refused(pika_conns, arguments, text) -> None:  # 
 def test_deleting_the_exchange_drops_what_it_holds(pika_conns) -> None:
     ch = pika_conns().channel()
     ch.confirm_delivery()
-    x = delayed(ch)
-    q = unique("dq")
-    ch.queue_declare(q)
-    ch.queue_bind(q, x, "k")
+    x, q = delayed_to_queue(ch, "direct", "k")
     ch.basic_publish(x, "k", b"", pika.BasicProperties(headers={"x-delay": 200}))
     ch.exchange_delete(x)
     time.sleep(0.4)
     assert depth(ch, q) == 0
 
 
+def confirming_channel(url: str) -> pika.adapters.blocking_connection.BlockingChannel:
+    ch = pika.BlockingConnection(pika.URLParameters(url + "%2F?heartbeat=0")).channel()
+    ch.confirm_delivery()
+    return ch
+
+
 def test_a_durable_one_is_restored_and_still_holds_messages(fresh_broker) -> None:
     b = fresh_broker.start()
-
-    def channel() -> pika.adapters.blocking_connection.BlockingChannel:
-        c = pika.BlockingConnection(pika.URLParameters(b.url + "%2F?heartbeat=0"))
-        ch = c.channel()
-        ch.confirm_delivery()
-        return ch
-
-    ch = channel()
+    ch = confirming_channel(b.url)
     ch.exchange_declare("dx", "x-delayed-message", durable=True,
                         arguments={"x-delayed-type": "direct"})
     ch.queue_declare("dq", durable=True)
     ch.queue_bind("dq", "dx", "k")
     ch.connection.close()
     b.restart()
-    ch = channel()
+    ch = confirming_channel(b.url)
     ch.basic_publish("dx", "k", b"", pika.BasicProperties(headers={"x-delay": 300}))
     assert depth(ch, "dq") == 0  # held: the restored exchange has its holder wiring
     wait_depth(ch, "dq", 1)
@@ -152,14 +147,7 @@ def test_a_durable_one_is_restored_and_still_holds_messages(fresh_broker) -> Non
 @pytest.mark.parametrize("clean", [True, False])
 def test_confirmed_persistent_delayed_messages_survive_a_restart(fresh_broker, clean) -> None:  # type: ignore[no-untyped-def]
     b = fresh_broker.start()
-
-    def channel() -> pika.adapters.blocking_connection.BlockingChannel:
-        c = pika.BlockingConnection(pika.URLParameters(b.url + "%2F?heartbeat=0"))
-        ch = c.channel()
-        ch.confirm_delivery()
-        return ch
-
-    ch = channel()
+    ch = confirming_channel(b.url)
     ch.exchange_declare("dx", "x-delayed-message", durable=True,
                         arguments={"x-delayed-type": "direct"})
     ch.queue_declare("dq", durable=True)
@@ -170,7 +158,7 @@ def test_confirmed_persistent_delayed_messages_survive_a_restart(fresh_broker, c
     ch.basic_publish("dx", "k", b"transient", pika.BasicProperties(headers={"x-delay": 1500}))
     ch.connection.close()
     b.restart(clean=clean)
-    ch = channel()
+    ch = confirming_channel(b.url)
     assert depth(ch, "dq") == 0  # still held
     wait_depth(ch, "dq", 30, timeout=10)
     time.sleep(0.2)
