@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 PATH = re.compile(r"\b(?:broker|hare_perf|hare_bench|tests|docs)/[\w/.*-]*\w")
 
-# written on another branch at the same time; the entry goes once that branch is merged
+
 def _missing(text: str) -> list[str]:
     return sorted({p for p in PATH.findall(text)
                    if not any(ROOT.glob(p))})

@@ -28,6 +28,7 @@ from broker.ctl.client import (
     EX_USAGE,
     Client,
     CtlError,
+    json_arg,
     reason_of,
     table,
 )
@@ -232,12 +233,9 @@ def _export(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
 def _import(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
     try:
         raw = sys.stdin.read() if a.file == "-" else Path(a.file).read_text()
-        defs = json.loads(raw)
     except OSError as exc:
         raise CtlError(f"cannot read {a.file}: {exc.strerror}", EX_DATAERR) from None
-    except ValueError as exc:
-        raise CtlError(f"{a.file} is not JSON: {exc}", EX_DATAERR) from None
-    client.call("POST", "/api/definitions", defs)
+    client.call("POST", "/api/definitions", json_arg(raw, a.file))
     return _done(f"Importing definitions in JSON from a file at \"{a.file}\" ...")
 
 

@@ -11,10 +11,9 @@ do is what the management API lets it (docs/SECURITY.md)."""
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from broker.ctl.client import EX_DATAERR, Client, CtlError, Verb, done, quote_name
+from broker.ctl.client import EX_DATAERR, Client, CtlError, Verb, done, json_arg, quote_name
 
 __all__ = ["add_verbs"]
 
@@ -36,10 +35,7 @@ def _clear_topic_permissions(client: Client, a: argparse.Namespace) -> tuple[Any
 
 
 def _set_user_limits(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
-    try:
-        limits = json.loads(a.definition)
-    except ValueError as exc:
-        raise CtlError(f"limits are not JSON: {exc}", EX_DATAERR) from None
+    limits = json_arg(a.definition, "limits")
     if not isinstance(limits, dict) or not limits:
         raise CtlError('limits must be a JSON object, e.g. {"max-connections": 10}', EX_DATAERR)
     for name, value in limits.items():

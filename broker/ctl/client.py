@@ -26,6 +26,7 @@ __all__ = [
     "Verb",
     "cell",
     "done",
+    "json_arg",
     "quote_name",
     "reason_of",
     "table",
@@ -45,6 +46,14 @@ class CtlError(Exception):
     def __init__(self, message: str, code: int = EX_SOFTWARE) -> None:
         super().__init__(message)
         self.code = code
+
+
+def json_arg(text: str, what: str) -> Any:
+    """A verb's JSON argument, or the one-line error naming it."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CtlError(f"{what} is not JSON: {exc}", EX_DATAERR) from None
 
 
 # -- HTTP -----------------------------------------------------------------------------------------

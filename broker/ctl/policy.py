@@ -17,16 +17,9 @@ import argparse
 import json
 from typing import Any
 
-from broker.ctl.client import EX_DATAERR, Client, CtlError, Verb, done, quote_name
+from broker.ctl.client import EX_DATAERR, Client, CtlError, Verb, done, json_arg, quote_name
 
 __all__ = ["add_verbs"]
-
-
-def _json_arg(text: str, what: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise CtlError(f"{what} is not JSON: {exc}", EX_DATAERR) from None
 
 
 def _base(a: argparse.Namespace) -> str:
@@ -34,7 +27,7 @@ def _base(a: argparse.Namespace) -> str:
 
 
 def _set_policy(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
-    definition = _json_arg(a.definition, "definition")
+    definition = json_arg(a.definition, "definition")
     body = {"pattern": a.pattern, "definition": definition, "priority": a.priority,
             "apply-to": a.apply_to}
     client.call("PUT", f"{_base(a)}/{quote_name(a.vhost)}/{quote_name(a.name)}", body)
@@ -61,7 +54,7 @@ def _current_limits(client: Client, vhost: str) -> dict[str, Any]:
 
 def _set_vhost_limits(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
     """The given object replaces every limit of the vhost, as rabbitmqctl's."""
-    limits = _json_arg(a.limits, "limits")
+    limits = json_arg(a.limits, "limits")
     if not isinstance(limits, dict):
         raise CtlError("limits must be a JSON object", EX_DATAERR)
     old = _current_limits(client, a.vhost)

@@ -48,13 +48,12 @@ def _each(client: Client, a: argparse.Namespace, queues: list[dict[str, Any]],
     for q in queues:
         try:
             change(q)
-            rows.append({"vhost": q["vhost"], "name": q["name"], "size": None, "result": "ok"})
+            result = "ok"
         except CtlError as exc:
-            rows.append({"vhost": q["vhost"], "name": q["name"], "size": None,
-                         "result": f"error: {exc}"})
-    for row in rows:
-        info = client.get(f"/api/queues/{quote_name(row['vhost'])}/{quote_name(row['name'])}")
-        row["size"] = len(info.get("members") or [])
+            result = f"error: {exc}"
+        info = client.get(f"/api/queues/{quote_name(q['vhost'])}/{quote_name(q['name'])}")
+        rows.append({"vhost": q["vhost"], "name": q["name"],
+                     "size": len(info.get("members") or []), "result": result})
     if a.errors_only:
         rows = [r for r in rows if r["result"] != "ok"]
     if any(r["result"] != "ok" for r in rows):

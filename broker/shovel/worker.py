@@ -94,6 +94,7 @@ class Shovel:
         delay = self.definition.reconnect_delay_s
         while True:
             self._set("starting", self.reason)
+            moved = self.moved
             try:
                 await self._session()
             except asyncio.CancelledError:
@@ -108,7 +109,7 @@ class Shovel:
                 return
             if self.definition.reconnect_delay_s == 0:
                 return  # the plugin's meaning of 0: no reconnect
-            if self.moved:  # the session ran: the next failure starts the backoff afresh
+            if self.moved > moved:  # this session moved messages: the backoff starts afresh
                 delay = self.definition.reconnect_delay_s
             await asyncio.sleep(delay)
             delay = min(delay * 2, max(MAX_BACKOFF_S, self.definition.reconnect_delay_s))

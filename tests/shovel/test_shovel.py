@@ -12,6 +12,8 @@ from typing import Any
 import aio_pika
 import pytest
 
+from broker.shovel.definition import parse_definition
+from broker.shovel.worker import LocalBroker, Shovel
 from tests.conftest import BrokerProc
 from tests.mgmt.helpers import MgmtBroker, free_port
 
@@ -212,3 +214,29 @@ async def test_shovels_are_in_definitions_export_and_import(hare: MgmtBroker) ->
         {"vhost": "/", "component": "shovel", "name": "broken", "value": {**value, "src-uri": 1}}]})
     assert status == 400 and "src-uri" in body["reason"]
     assert hare.api("DELETE", "/api/parameters/shovel/%2F/imported")[0] == 204
+
+
+async def test_reconnect_backoff_doubles_and_restarts_after_a_session_that_moved(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Failed sessions wait reconnect-delay doubling; one that moved messages starts the
+    backoff afresh for the next failure only, not for every failure after it."""
+    definition = parse_definition({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://",
+                                   "dest-queue": "b", "reconnect-delay": 1})
+    shovel = Shovel("/", "backoff", definition, LocalBroker(1, "u", "p"), lambda s: None)
+    moved_per_session = [0, 0, 0, 5, 0, 0]
+    sleeps: list[float] = []
+
+    async def session() -> None:
+        shovel.moved += moved_per_session.pop(0)
+        if not moved_per_session:
+            raise asyncio.CancelledError
+        raise ConnectionError("down")
+
+    async def sleep(delay: float) -> None:
+        sleeps.append(delay)
+
+    monkeypatch.setattr(shovel, "_session", session)
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    with pytest.raises(asyncio.CancelledError):
+        await shovel._run()
+    assert sleeps == [1, 2, 4, 1, 2]
