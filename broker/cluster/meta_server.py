@@ -139,10 +139,10 @@ def _compare(raw: Any) -> dict[str, Any]:
 class MetaServer:
     """Start with `await MetaServer.start(data_dir)`; give workers `url` and `token`."""
 
-    def __init__(self, data_dir: Path, *, history: int, fsync: bool,
-                 snapshot_bytes: int) -> None:
+    def __init__(self, data_dir: Path, *, history: int, fsync: bool, snapshot_bytes: int,
+                 token: str | None) -> None:
         self.data_dir = Path(data_dir)
-        self.token = secrets.token_urlsafe(32)
+        self.token = token or secrets.token_urlsafe(32)
         self.url = ""
         self.store = MetaStore(history)
         self.log = MetaLog(self.data_dir, fsync=fsync)
@@ -159,10 +159,13 @@ class MetaServer:
     @classmethod
     async def start(cls, data_dir: Path, *, host: str = "127.0.0.1", port: int = 0,
                     history: int = 10_000, fsync: bool = True,
-                    snapshot_bytes: int = SNAPSHOT_BYTES) -> MetaServer:
+                    snapshot_bytes: int = SNAPSHOT_BYTES,
+                    token: str | None = None) -> MetaServer:
         """Recover the data directory, listen, serve. MetaLogDamaged when its files cannot
-        be trusted (the broker must not start on lost definitions)."""
-        self = cls(data_dir, history=history, fsync=fsync, snapshot_bytes=snapshot_bytes)
+        be trusted (the broker must not start on lost definitions). The token is random
+        unless given (a server restarted on its port for the same workers)."""
+        self = cls(data_dir, history=history, fsync=fsync, snapshot_bytes=snapshot_bytes,
+                   token=token)
         torn = await asyncio.to_thread(self.log.recover, self.store)
         if torn:
             log.warning("meta log: torn last record dropped", dir=str(self.data_dir),

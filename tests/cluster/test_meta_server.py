@@ -8,13 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +28,16 @@ from broker.cluster.etcd import (
 )
 from broker.cluster.meta_log import LOG_FILE, SNAPSHOT_FILE, MetaLogDamaged
 from broker.cluster.meta_server import MetaServer
-from tests.conftest import ROOT
 
-from .helpers import EtcdProc
+from .helpers import EtcdProc, MetaProc
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProc]:
+    """Always a real etcd here (whatever HARE_TEST_METADATA says): the reference."""
+    e = EtcdProc(tmp_path_factory.mktemp("etcd")).start()
+    yield e
+    e.stop()
 
 
 class Recording(Etcd):
@@ -371,29 +374,11 @@ async def test_torn_tail_dropped_damage_refused(tmp_path: Path) -> None:
         await MetaServer.start(data)
 
 
-_SERVE = """
-import asyncio, sys
-from broker.cluster.meta_server import MetaServer
-async def main():
-    server = await MetaServer.start(sys.argv[1])
-    print("serving", server.url, server.token, flush=True)
-    await asyncio.Event().wait()
-asyncio.run(main())
-"""
-
-
 async def test_kill_9_loses_nothing_answered(tmp_path: Path) -> None:
     """Every put that got its answer is there after the process is killed mid-stream."""
-    data = tmp_path / "m"
-    proc = subprocess.Popen([sys.executable, "-c", _SERVE, str(data)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    server = MetaProc(tmp_path).start()
     try:
-        assert proc.stdout is not None
-        line = b""
-        while not line.startswith(b"serving "):  # after the log lines
-            line = await asyncio.to_thread(proc.stdout.readline)
-        url, token = line.decode().split()[1:]
-        clients = [Etcd([url], token=token) for _ in range(4)]
+        clients = [Etcd([server.url], token=server.token) for _ in range(4)]
         answered: list[str] = []
 
         async def write(n: int) -> None:
@@ -404,14 +389,14 @@ async def test_kill_9_loses_nothing_answered(tmp_path: Path) -> None:
         writers = [asyncio.ensure_future(write(n)) for n in range(4)]
         while len(answered) < 300:
             await asyncio.sleep(0.01)
-        os.kill(proc.pid, signal.SIGKILL)
+        assert server.proc is not None
+        server.proc.kill()
         results = await asyncio.gather(*writers, return_exceptions=True)
         assert all(isinstance(r, EtcdUnavailable) for r in results)
         for c in clients:
             await c.close()
     finally:
-        proc.kill()
-        proc.wait()
-    async with meta(data) as (_, client):
+        server.stop()
+    async with meta(tmp_path / "meta") as (_, client):
         kvs, _ = await client.get_prefix("/k/")
         assert set(answered) <= {kv.key for kv in kvs}
