@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import re
 import uuid
@@ -282,6 +283,26 @@ async def test_watch_sees_every_revision_in_order(tmp_path: Path) -> None:
             for w in writers:
                 await w.close()
         assert seen == list(range(start + 1, start + 201))
+
+
+async def test_watch_batches_never_split_a_revision(tmp_path: Path) -> None:
+    """Catching up comes in answers of about 1000 events, but one revision's events stay in
+    one answer: the client resumes after the last revision it saw, so a split one would
+    lose the rest of it."""
+    async with meta(tmp_path / "m") as (_, client):
+        _, start = await client.get_prefix("/big/")
+        for t in range(12):
+            await client.txn([], [Etcd.op_put(f"/big/{t}/{i}", "x") for i in range(100)], [])
+        await client.txn([], [Etcd.op_delete("/big/", prefix=True)], [])  # 1200 events
+        batches: list[list[int]] = []
+        async for batch in client.watch("/big/", start + 1):
+            batches.append([e.revision for e in batch])
+            if sum(map(len, batches)) == 2400:
+                break
+        assert len(batches) > 1
+        for one, later in itertools.pairwise(batches):
+            assert one[-1] < later[0]
+        assert batches[-1].count(start + 13) == 1200
 
 
 # -- the token, bad input -------------------------------------------------------------------
