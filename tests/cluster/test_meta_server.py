@@ -421,3 +421,29 @@ async def test_kill_9_loses_nothing_answered(tmp_path: Path) -> None:
     async with meta(tmp_path / "meta") as (_, client):
         kvs, _ = await client.get_prefix("/k/")
         assert set(answered) <= {kv.key for kv in kvs}
+
+
+async def test_failed_log_write_stops_serving(tmp_path: Path) -> None:
+    """A write the disk refuses (here the process's file size limit): that call and every
+    later one is refused, reads included (RAM would show what the disk does not hold); a
+    restart serves every put that was answered."""
+    server = MetaProc(tmp_path, file_size_limit=64 << 10).start()
+    client = Etcd([server.url], token=server.token)
+    answered: list[str] = []
+    try:
+        with pytest.raises(EtcdUnavailable, match="503"):
+            for i in range(10_000):
+                await client.put(f"/f/{i}", "v" * 100)
+                answered.append(f"/f/{i}")
+        with pytest.raises(EtcdUnavailable, match="503"):
+            await client.get_prefix("/f/")
+        with pytest.raises(EtcdUnavailable, match="503"):
+            await client.put("/f/later", "x")
+    finally:
+        await client.close()
+        server.stop()
+    assert len(answered) > 100
+    async with meta(tmp_path / "meta") as (_, client):
+        kvs, _ = await client.get_prefix("/f/")
+        assert set(answered) <= {kv.key for kv in kvs}
+        assert "/f/later" not in {kv.key for kv in kvs}
