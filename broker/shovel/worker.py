@@ -31,27 +31,46 @@ _PROPERTIES = ("content_type", "content_encoding", "headers", "delivery_mode", "
 
 
 class LocalBroker:
-    """Where `amqp://` with no host goes (the plugin's direct connection): this broker's own
-    AMQP listener, logged in as the node's default user."""
+    """Where a URI naming this broker goes: `amqp://` with no host (the plugin's direct
+    connection) or this node's own AMQP port on loopback with no credentials. The shovel
+    connects to this broker's listener logged in as its user through the node's direct
+    secret (AccessControl.direct_secret), so the user's permissions apply to everything it
+    reads and writes, as the plugin's direct connections do."""
 
-    def __init__(self, port: int, user: str, password: str) -> None:
-        self.port, self.user, self.password = port, user, password
+    def __init__(self, port: int, secret: str) -> None:
+        self.port, self.secret = port, secret
 
-    def resolve(self, uri: str, vhost: str) -> str:
+    def is_local(self, uri: str) -> bool:
         parts = urlsplit(uri)
-        if parts.hostname:
+        if not parts.hostname:
+            return True
+        default_port = 5671 if parts.scheme == "amqps" else 5672
+        return (parts.username is None and parts.scheme == "amqp"
+                and parts.hostname in _LOOPBACK and (parts.port or default_port) == self.port)
+
+    def resolve(self, uri: str, vhost: str, user: str) -> str:
+        if not self.is_local(uri):
             return uri
+        parts = urlsplit(uri)
         # the shovel's own vhost when the URI names none, as the plugin's direct connection
         path = parts.path if parts.path not in ("", "/") else "/" + quote(vhost, safe="")
-        login = f"{quote(self.user, safe='')}:{quote(self.password, safe='')}"
+        login = f"{quote(user, safe='')}:{quote(self.secret, safe='')}"
         netloc = f"{login}@127.0.0.1:{self.port}"
         return urlunsplit(("amqp", netloc, path, parts.query, ""))
 
 
+_LOOPBACK = ("localhost", "127.0.0.1", "::1")
+
+
 class Shovel:
+    """`user`: who it acts as on this broker (the defining user; the node's default user for
+    a static shovel). A static shovel has no vhost of its own: its local URIs mean "/"."""
+
     def __init__(self, vhost: str, name: str, definition: ShovelDefinition, local: LocalBroker,
-                 on_finished: Callable[[Shovel], None]) -> None:
+                 on_finished: Callable[[Shovel], None], *, user: str,
+                 static: bool = False) -> None:
         self.vhost, self.name, self.definition = vhost, name, definition
+        self.user, self.static = user, static
         self._local = local
         self._on_finished = on_finished
         self.state = "starting"
@@ -73,12 +92,15 @@ class Shovel:
     def status(self) -> dict[str, Any]:
         d = self.definition
         out: dict[str, Any] = {
-            "name": self.name, "vhost": self.vhost, "type": "dynamic", "state": self.state,
+            "name": self.name, "type": "static" if self.static else "dynamic",
+            "state": self.state,
             "timestamp": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.since)),
             "src_protocol": "amqp091", "dest_protocol": "amqp091",
             "src_uri": _redacted(d.src_uris[0]), "dest_uri": _redacted(d.dest_uris[0]),
             "messages_moved": self.moved,
         }
+        if not self.static:  # the plugin's static shovels belong to no vhost
+            out["vhost"] = self.vhost
         for key, value in (("src_queue", d.src_queue), ("src_exchange", d.src_exchange),
                            ("dest_queue", d.dest_queue), ("dest_exchange", d.dest_exchange)):
             if value is not None:
@@ -117,7 +139,7 @@ class Shovel:
     async def _connect(self, uris: tuple[str, ...], side: str) -> AbstractConnection:
         error: Exception | None = None
         for uri in uris:  # the plugin's list of URIs: the first that answers
-            url = self._local.resolve(uri, self.vhost)
+            url = self._local.resolve(uri, self.vhost, self.user)
             try:
                 conn = await aio_pika.connect(
                     url, timeout=10,

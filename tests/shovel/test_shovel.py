@@ -222,7 +222,8 @@ async def test_reconnect_backoff_doubles_and_restarts_after_a_session_that_moved
     backoff afresh for the next failure only, not for every failure after it."""
     definition = parse_definition({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://",
                                    "dest-queue": "b", "reconnect-delay": 1})
-    shovel = Shovel("/", "backoff", definition, LocalBroker(1, "u", "p"), lambda s: None)
+    shovel = Shovel("/", "backoff", definition, LocalBroker(1, "secret"), lambda s: None,
+                     user="u")
     moved_per_session = [0, 0, 0, 5, 0, 0]
     sleeps: list[float] = []
 
