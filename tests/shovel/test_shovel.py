@@ -115,6 +115,30 @@ async def test_src_delete_after_queue_length_moves_what_was_there_then_goes(
     ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "dest-queue": "b",
       "dest-protocol": "amqp10"}, "amqp091"),
     ("not an object", "object"),
+    # the plugin's own checks (rabbit_shovel_parameters), with its texts
+    ({"src-uri": "amqp://", "src-queue": "a", "src-exchange": "x", "dest-uri": "amqp://"},
+     "Cannot specify 'src-exchange' and 'src-queue'"),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "dest-queue": "b",
+      "dest-exchange": "x"}, "Cannot specify 'dest-exchange' and 'dest-queue'"),
+    ({"src-uri": "amqp://h:99999", "src-queue": "a", "dest-uri": "amqp://"},
+     'src-uri: "amqp://h:99999" not a valid URI'),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": ["amqp://", "amqp://h:port"]},
+     'dest-uri: "amqp://h:port" not a valid URI'),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://[::1"}, "not a valid URI"),
+    ({"src-uri": "amqp://h/a/b", "src-queue": "a", "dest-uri": "amqp://"}, "one path segment"),
+    ({"src-uri": [], "src-queue": "a", "dest-uri": "amqp://"}, "src-uri"),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://",
+      "src-prefetch-count": -1}, "src-prefetch-count"),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://",
+      "prefetch-count": 70000}, "src-prefetch-count"),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://",
+      "src-prefetch-count": 2.5}, "src-prefetch-count"),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://",
+      "reconnect-delay": -1}, "reconnect-delay"),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "ack-mode": "no-ack",
+      "src-delete-after": 10}, "Cannot specify 'no-ack' and numerical 'delete-after'"),
+    ({"src-uri": "amqp://", "src-queue": "q" * 256, "dest-uri": "amqp://"}, "255 bytes"),
+    ({"src-uri": "amqp://", "src-queue": 7, "dest-uri": "amqp://"}, "src-queue"),
 ])
 async def test_a_malformed_definition_is_refused_and_nothing_changes(
         hare: MgmtBroker, value: Any, reason: str) -> None:
@@ -122,6 +146,33 @@ async def test_a_malformed_definition_is_refused_and_nothing_changes(
     assert status == 400 and reason in body["reason"], body
     assert hare.api("GET", "/api/parameters/shovel/%2F/bad")[0] == 404
     assert not any(r["name"] == "bad" for r in hare.get("/api/shovels"))
+
+
+async def test_a_malformed_update_leaves_the_running_shovel_as_it_was(
+        hare: MgmtBroker) -> None:
+    value = {"src-uri": "amqp://", "src-queue": "sv.keep", "dest-uri": "amqp://",
+             "dest-queue": "sv.keep.dest"}
+    _shovel(hare, "keep", value)
+    await _state(hare, "keep", lambda r: r["state"] == "running")
+    status, body = hare.api("PUT", "/api/parameters/shovel/%2F/keep",
+                            {"value": {**value, "src-prefetch-count": -5}})
+    assert status == 400 and "src-prefetch-count" in body["reason"]
+    assert hare.get("/api/parameters/shovel/%2F/keep")["value"] == value
+    await _publish(hare.url, "sv.keep", [b"still shovelled"])
+    assert await _drain(hare.url, "sv.keep.dest", 1) == [b"still shovelled"]
+    assert hare.api("DELETE", "/api/parameters/shovel/%2F/keep")[0] == 204
+
+
+async def test_the_plugins_older_key_names_are_accepted(hare: MgmtBroker) -> None:
+    """prefetch-count and delete-after, the pre-3.7 names the plugin still reads (its own
+    README's example uses them)."""
+    await _publish(hare.url, "sv.old", [b"1", b"2", b"3"])
+    _shovel(hare, "old", {"src-uri": "amqp://", "src-queue": "sv.old", "dest-uri": "amqp://",
+                          "dest-queue": "sv.old.dest", "prefetch-count": 5,
+                          "delete-after": "queue-length"})
+    await hare.until("/api/parameters/shovel", lambda rows: not any(
+        r["name"] == "old" for r in rows), timeout=20)
+    assert await _drain(hare.url, "sv.old.dest", 3) == [b"1", b"2", b"3"]
 
 
 async def test_delete_stops_the_shovel(hare: MgmtBroker) -> None:
