@@ -103,7 +103,7 @@ def parse_definition(value: object) -> ShovelDefinition:
         raise ParameterInvalid("value must be a JSON object")
     unknown = sorted(set(value) - _KNOWN)
     if unknown:
-        raise ParameterInvalid(f"unrecognised shovel parameters: {', '.join(unknown)}")
+        raise ParameterInvalid(f"Unrecognised terms [{', '.join(unknown)}] in the shovel")
     for side in ("src-protocol", "dest-protocol"):
         if value.get(side, "amqp091") != "amqp091":
             raise ParameterInvalid(f"{side}: only amqp091 is supported")
@@ -117,8 +117,8 @@ def parse_definition(value: object) -> ShovelDefinition:
         raise ParameterInvalid("Cannot specify 'dest-exchange' and 'dest-queue'")
     ack_mode = value.get("ack-mode", "on-confirm")
     if ack_mode not in ACK_MODES:
-        raise ParameterInvalid(f"ack-mode must be one of {', '.join(ACK_MODES)}, "
-                               f"not {ack_mode!r}")
+        raise ParameterInvalid(f"ack-mode should be one of {', '.join(ACK_MODES)}, "
+                               f"actually was {ack_mode!r}")
     delete_after = value.get("src-delete-after", value.get("delete-after", "never"))
     if delete_after not in ("never", "queue-length") and (
             isinstance(delete_after, bool) or not isinstance(delete_after, int)

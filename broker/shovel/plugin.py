@@ -86,7 +86,11 @@ class Shovels:
         if vhost not in self._node.vhosts:
             raise ParameterInvalid(f"no vhost '{vhost}'")
         created = (vhost, name) not in self._values
-        self._apply(vhost, name, value, user or self._node.settings.default_user)
+        try:
+            self._apply(vhost, name, value, user or self._node.settings.default_user)
+        except ParameterInvalid as exc:  # RabbitMQ's form of a parameter's 400
+            log.warning("shovel definition refused", vhost=vhost, shovel=name, reason=str(exc))
+            raise ParameterInvalid(f"Validation failed\n\n{exc}\n") from None
         self._save()
         return created
 

@@ -144,6 +144,7 @@ async def test_a_malformed_definition_is_refused_and_nothing_changes(
         hare: MgmtBroker, value: Any, reason: str) -> None:
     status, body = hare.api("PUT", "/api/parameters/shovel/%2F/bad", {"value": value})
     assert status == 400 and reason in body["reason"], body
+    assert body["reason"].startswith("Validation failed\n\n")  # RabbitMQ's form
     assert hare.api("GET", "/api/parameters/shovel/%2F/bad")[0] == 404
     assert not any(r["name"] == "bad" for r in hare.get("/api/shovels"))
 

@@ -81,8 +81,8 @@ def _server(tmp_path: Path, config: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(("change", "reason"), [
     ('src-uri = "http://elsewhere"', 'src-uri: "http://elsewhere" not a valid URI'),
     ('src-exchange = "x"', "Cannot specify 'src-exchange' and 'src-queue'"),
-    ('ack-mode = "sometimes"', "ack-mode must be one of"),
-    ('colour = "blue"', "unrecognised shovel parameters: colour"),
+    ('ack-mode = "sometimes"', "ack-mode should be one of"),
+    ('colour = "blue"', "Unrecognised terms [colour]"),
 ])
 async def test_a_bad_static_shovel_stops_the_server_with_the_reason(
         tmp_path: Path, change: str, reason: str) -> None:
