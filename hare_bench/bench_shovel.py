@@ -67,10 +67,12 @@ class Hare:
         self.port, self.mgmt_port = ports
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
 
-    def put_shovel(self, name: str, value: dict[str, object]) -> None:
+    def put_shovel(self, name: str, value: dict[str, object] | None) -> None:
+        """Define the shovel; None: delete it."""
         req = urllib.request.Request(
             f"http://127.0.0.1:{self.mgmt_port}/api/parameters/shovel/%2F/{name}",
-            data=json.dumps({"value": value}).encode(), method="PUT",
+            data=None if value is None else json.dumps({"value": value}).encode(),
+            method="PUT" if value is not None else "DELETE",
             headers={"content-type": "application/json",
                      "authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
         urllib.request.urlopen(req, timeout=10).close()
@@ -195,9 +197,11 @@ async def throughput(tmp: Path, count: int, size: int) -> None:
                                                                                    queue)
             rate, load = await timed_move(dest_url, dest_queue, count, start)
             print(f"  {label:42} {rate:9,.0f} msg/s   load {load:.2f}")
-            if src_url == RABBIT and queue != "b.rh":
+            if queue in ("b.rr", "b.rh2"):  # the shovel is gone before its queues
                 rabbitmqctl("clear_parameter", "shovel",
                             "bench-rr" if queue == "b.rr" else "bench-rh")
+            else:
+                dest.put_shovel("hh" if queue == "b.hh" else "rh", None)
             await asyncio.sleep(1)
             for url, q in {(src_url, queue), (dest_url, dest_queue)}:
                 await delete_queue(url, q)
