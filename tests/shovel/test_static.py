@@ -4,6 +4,7 @@ never deletable through the API, and checked before the server starts."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.mgmt.helpers import MgmtBroker
 from tests.shovel.test_shovel import _drain, _publish, _state
+from tests.test_ctl import run_ctl
 
 pytestmark = pytest.mark.asyncio
 
@@ -56,6 +58,11 @@ async def test_a_static_shovel_cannot_be_deleted_through_the_api(hare: MgmtBroke
     await _publish(hare.url, "st.src", [b"still moving"])
     assert await _drain(hare.url, "st.dest", 1) == [b"still moving"]
     assert any(r["name"] == "boot" and r["type"] == "static" for r in hare.get("/api/shovels"))
+    done = await asyncio.to_thread(run_ctl, "delete_shovel", "boot", url=hare.http)
+    assert done.returncode == 65
+    assert done.stderr == "hare-ctl: not found: shovel 'boot' in vhost '/'\n"
+    listed = (await asyncio.to_thread(run_ctl, "list_shovels", url=hare.http)).stdout
+    assert listed.splitlines()[1].split()[:3] == ["boot", "static", "running"]
 
 
 async def test_only_administrators_see_static_shovels(hare: MgmtBroker) -> None:
