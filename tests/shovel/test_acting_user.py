@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import aio_pika
 import pytest
 
 from tests.mgmt.helpers import MgmtBroker
-from tests.shovel.test_shovel import _depth, _drain, _publish, _state
+from tests.shovel.test_shovel import _depth, _drain, _publish, _state, _until_depth
 
 pytestmark = pytest.mark.asyncio
 
@@ -20,11 +21,12 @@ USER, PASSWORD = "mover", "mover-pw"
 @pytest.fixture(scope="module")
 def hare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MgmtBroker]:
     b = MgmtBroker(tmp_path_factory.mktemp("acting") / "data").start()
-    # may configure and write everything, but read only the queues named ok.*
+    # may configure everything, write to the default exchange and ok.*, read only ok.*
     assert b.api("PUT", f"/api/users/{USER}",
                  {"password": PASSWORD, "tags": "policymaker"})[0] in (201, 204)
     assert b.api("PUT", f"/api/permissions/%2F/{USER}",
-                 {"configure": ".*", "write": ".*", "read": r"^ok\."})[0] in (201, 204)
+                 {"configure": ".*", "write": r"^(amq\.default|ok\..*)$",
+                  "read": r"^ok\."})[0] in (201, 204)
     yield b
     b.stop()
 
@@ -63,6 +65,21 @@ async def test_a_source_the_user_may_not_read_is_refused_and_shown(hare: MgmtBro
         "dest-queue": "ok.stolen"}})[0] == 204
     assert await _drain(hare.url, "ok.stolen", 1) == [b"not for mover"]
     assert hare.api("DELETE", "/api/parameters/shovel/%2F/sneaky")[0] == 204
+
+
+async def test_a_destination_the_user_may_not_write_is_refused_and_shown(
+        hare: MgmtBroker) -> None:
+    async with await aio_pika.connect(hare.url) as conn:
+        await (await conn.channel()).declare_exchange("locked.x", durable=True)
+    await _publish(hare.url, "ok.out", [b"stays home"])
+    _define(hare, "leaky", {"src-uri": "amqp://", "src-queue": "ok.out",
+                            "dest-uri": "amqp://", "dest-exchange": "locked.x",
+                            "reconnect-delay": 1})
+    row = await _state(hare, "leaky", lambda r: "access to exchange 'locked.x'" in r.get(
+        "reason", ""))
+    assert row["state"] != "running" and USER in row["reason"], row
+    assert hare.api("DELETE", "/api/parameters/shovel/%2F/leaky")[0] == 204
+    await _until_depth(hare.url, "ok.out", 1)  # refused, so given back to the source
 
 
 async def test_a_local_uri_naming_a_missing_vhost_is_refused(hare: MgmtBroker) -> None:
