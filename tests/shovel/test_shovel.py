@@ -89,6 +89,31 @@ async def test_moves_every_message_in_order_and_empties_the_source(hare: MgmtBro
     assert hare.api("DELETE", "/api/parameters/shovel/%2F/move")[0] == 204
 
 
+async def test_properties_travel_and_user_id_is_dropped(hare: MgmtBroker) -> None:
+    """The message's properties and headers reach the destination as published; user_id is
+    left out, since the destination checks it against the shovel's own login."""
+    async with await aio_pika.connect(hare.url) as conn:
+        ch = await conn.channel()
+        await ch.declare_queue("sv.props", durable=True)
+        await ch.default_exchange.publish(aio_pika.Message(
+            b"p", headers={"k": "v", "n": 7}, content_type="text/plain", priority=3,
+            correlation_id="c-1", message_id="m-1", reply_to="r", type="t", app_id="a",
+            user_id="guest", delivery_mode=aio_pika.DeliveryMode.PERSISTENT), "sv.props")
+    _shovel(hare, "props", {"src-uri": "amqp://", "src-queue": "sv.props",
+                            "dest-uri": "amqp://", "dest-queue": "sv.props.dest"})
+    async with await aio_pika.connect(hare.url) as conn:
+        q = await (await conn.channel()).declare_queue("sv.props.dest", durable=True)
+        async with asyncio.timeout(20), q.iterator() as it:
+            async for msg in it:
+                await msg.ack()
+                break
+    assert msg.headers == {"k": "v", "n": 7} and msg.content_type == "text/plain"
+    assert (msg.priority, msg.correlation_id, msg.message_id) == (3, "c-1", "m-1")
+    assert (msg.reply_to, msg.type, msg.app_id) == ("r", "t", "a")
+    assert msg.delivery_mode == aio_pika.DeliveryMode.PERSISTENT and msg.user_id is None
+    assert hare.api("DELETE", "/api/parameters/shovel/%2F/props")[0] == 204
+
+
 async def test_src_delete_after_queue_length_moves_what_was_there_then_goes(
         hare: MgmtBroker) -> None:
     await _publish(hare.url, "sv.once", [b"%d" % i for i in range(100)])
