@@ -215,6 +215,17 @@ async def test_delete_stops_the_shovel(hare: MgmtBroker) -> None:
     assert not any(r["name"] == "stopme" for r in hare.get("/api/shovels"))
 
 
+async def test_the_management_plugins_delete_path_deletes_a_dynamic_shovel(
+        hare: MgmtBroker) -> None:
+    _shovel(hare, "viashovels", {"src-uri": "amqp://", "src-queue": "sv.via",
+                                 "dest-uri": "amqp://", "dest-queue": "sv.via.dest"})
+    await _state(hare, "viashovels", lambda r: r["state"] == "running")
+    assert hare.api("DELETE", "/api/shovels/vhost/%2F/viashovels")[0] == 204
+    assert hare.api("GET", "/api/parameters/shovel/%2F/viashovels")[0] == 404
+    assert not any(r["name"] == "viashovels" for r in hare.get("/api/shovels"))
+    assert hare.api("DELETE", "/api/shovels/vhost/%2F/viashovels")[0] == 404
+
+
 async def test_a_shovel_survives_a_restart_and_resumes(tmp_path: Path) -> None:
     b = MgmtBroker(tmp_path / "data").start()
     try:
