@@ -61,6 +61,14 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> int:
     return 0
 
 
+def _check_plugins(settings: Settings) -> None:
+    """What the config file holds for a plugin, judged by the plugin before anything starts:
+    a bad static shovel is a configuration error like any other (exit 2)."""
+    from broker.shovel.definition import check_static
+
+    check_static(settings.shovels)
+
+
 def _check_data_dir(settings: Settings) -> str | None:
     path = settings.data_dir
     try:
@@ -95,6 +103,7 @@ def _lock_data_dir(settings: Settings) -> tuple[int, str | None]:
 def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(argv)
+        _check_plugins(settings)
     except ConfigError as exc:
         print(f"hare-server: {exc}", file=sys.stderr)
         return 2

@@ -4,7 +4,9 @@ of components a plugin owns (the shovel plugin: broker/shovel). The component is
 nobody registered is 404, as RabbitMQ answers for a plugin that is not enabled.
 
 Who may: reading needs the management tag and the vhost; setting needs policymaker, as
-RabbitMQ's parameters do."""
+RabbitMQ's parameters do. Static shovels (from the config file) belong to no vhost: as in
+rabbitmq_shovel_management, only administrators see them, only in the unfiltered list, and
+neither delete path finds them (404)."""
 
 from __future__ import annotations
 
@@ -82,8 +84,19 @@ async def parameter_delete(request: web.Request) -> web.Response:
 
 async def shovels_list(request: web.Request) -> web.Response:
     vhosts = await _visible(request)
+    static_too = "vhost" not in request.match_info and caller(request).is_admin
     return json_response([s for s in _component(request, SHOVEL).status()
-                          if s["vhost"] in vhosts])
+                          if s.get("vhost", None) in vhosts
+                          or ("vhost" not in s and static_too)])
+
+
+async def shovel_delete(request: web.Request) -> web.Response:
+    """DELETE /api/shovels/vhost/{vhost}/{name}: the management plugin's other way to delete
+    a dynamic shovel (its parameter goes with it)."""
+    vhost = vhost_of(request.app[NODE], request.match_info["vhost"])
+    if not _component(request, SHOVEL).delete(vhost.name, request.match_info["name"]):
+        raise ApiError(404, "Not Found")
+    return no_content()
 
 
 def add_routes(app: web.Application) -> None:
@@ -96,3 +109,4 @@ def add_routes(app: web.Application) -> None:
     add_route(app, "DELETE", base + "/{vhost}/{name}", parameter_delete, p)
     add_route(app, "GET", "/api/shovels", shovels_list, m)
     add_route(app, "GET", "/api/shovels/{vhost}", shovels_list, m)
+    add_route(app, "DELETE", "/api/shovels/vhost/{vhost}/{name}", shovel_delete, p)
