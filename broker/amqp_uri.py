@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from urllib.parse import quote, urlsplit, urlunsplit
 
-__all__ = ["LocalBroker", "UriInvalid", "parse_uris", "redacted"]
+__all__ = ["LocalBroker", "UriInvalid", "parse_uris", "redacted", "without_credentials"]
 
 
 class UriInvalid(ValueError):
@@ -48,4 +48,11 @@ def redacted(uri: str) -> str:
     if parts.password is None:
         return uri
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def without_credentials(uri: str) -> str:
+    """The URI with no user or password (the federation plugin's "safe" URI)."""
+    parts = urlsplit(uri)
+    netloc = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=netloc))

@@ -1,5 +1,6 @@
-"""/api/parameters/{component} and /api/shovels: RabbitMQ's paths for the runtime parameters
-of components a plugin owns (the shovel plugin: broker/shovel). The component is found in
+"""/api/parameters/{component}, /api/shovels and /api/federation-links: RabbitMQ's paths for
+the runtime parameters of components a plugin owns (the shovel plugin: broker/shovel; the
+federation plugin: broker/federation) and their running instances. The component is found in
 `Node.parameter_components` at request time, so this module names no plugin; a component
 nobody registered is 404, as RabbitMQ answers for a plugin that is not enabled.
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["add_routes"]
 
 SHOVEL = "shovel"
+FEDERATION = "federation-upstream"  # its status() is every federation link
 
 
 def _component(request: web.Request, name: str | None = None) -> ParameterComponent:
@@ -86,6 +88,12 @@ async def shovels_list(request: web.Request) -> web.Response:
                           if s["vhost"] in vhosts])
 
 
+async def federation_links(request: web.Request) -> web.Response:
+    vhosts = await _visible(request)
+    return json_response([s for s in _component(request, FEDERATION).status()
+                          if s["vhost"] in vhosts])
+
+
 def add_routes(app: web.Application) -> None:
     m, p = Need.MANAGEMENT, Need.POLICYMAKER
     base = "/api/parameters/{component}"
@@ -96,3 +104,5 @@ def add_routes(app: web.Application) -> None:
     add_route(app, "DELETE", base + "/{vhost}/{name}", parameter_delete, p)
     add_route(app, "GET", "/api/shovels", shovels_list, m)
     add_route(app, "GET", "/api/shovels/{vhost}", shovels_list, m)
+    add_route(app, "GET", "/api/federation-links", federation_links, m)
+    add_route(app, "GET", "/api/federation-links/{vhost}", federation_links, m)

@@ -1,0 +1,292 @@
+"""Federation (broker/federation) over real sockets: two Hare brokers as upstream and
+downstream, upstreams and policies set through the management API, messages published and
+consumed with aio-pika on both."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aio_pika
+import pytest
+
+from tests.conftest import BrokerProc
+from tests.mgmt.helpers import MgmtBroker, free_port
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MgmtBroker, MgmtBroker]]:
+    """(upstream, downstream), each knowing itself by its own node name."""
+    base = tmp_path_factory.mktemp("federation")
+    up = MgmtBroker(base / "up", ["--node-name", "hare-up"]).start()
+    down = MgmtBroker(base / "down", ["--node-name", "hare-down"]).start()
+    yield up, down
+    down.stop()
+    up.stop()
+
+
+def _put(b: MgmtBroker, component: str, name: str, value: Any) -> None:
+    status, body = b.api("PUT", f"/api/parameters/{component}/%2F/{name}", {"value": value})
+    assert status in (201, 204), body
+
+
+def _policy(b: MgmtBroker, name: str, pattern: str, definition: dict[str, Any],
+            apply_to: str) -> None:
+    status, body = b.api("PUT", f"/api/policies/%2F/{name}", {
+        "pattern": pattern, "definition": definition, "apply-to": apply_to})
+    assert status in (201, 204), body
+
+
+async def _link(b: MgmtBroker, check: Any, timeout: float = 30.0) -> dict[str, Any]:
+    rows = await b.until("/api/federation-links", lambda rows: any(check(r) for r in rows),
+                         timeout)
+    return next(r for r in rows if check(r))
+
+
+async def _upstream_keys(up: MgmtBroker, exchange: str, want: set[str]) -> None:
+    """Wait until the upstream exchange's bindings to the federation are exactly `want`."""
+    def keys(rows: list[dict[str, Any]]) -> set[str]:
+        return {r["routing_key"] for r in rows if r["destination"].startswith("federation: ")}
+    await up.until(f"/api/exchanges/%2F/{quote(exchange, safe='')}/bindings/source",
+                   lambda rows: keys(rows) == want, timeout=20)
+
+
+async def _declare(url: str, exchange: str, queue: str, keys: list[str],
+                   type_: aio_pika.ExchangeType = aio_pika.ExchangeType.TOPIC) -> None:
+    async with await aio_pika.connect(url) as conn:
+        ch = await conn.channel()
+        x = await ch.declare_exchange(exchange, type_, durable=True)
+        q = await ch.declare_queue(queue, durable=True)
+        for key in keys:
+            await q.bind(x, key)
+
+
+async def _publish(url: str, exchange: str, items: list[tuple[str, bytes]]) -> None:
+    """Persistent, confirmed: each publish returns once the broker confirmed it."""
+    async with await aio_pika.connect(url) as conn:
+        ch = await conn.channel()
+        x = await ch.get_exchange(exchange, ensure=False) if exchange else ch.default_exchange
+        for key, body in items:
+            await x.publish(aio_pika.Message(
+                body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), key)
+
+
+async def _take(url: str, queue: str, until: bytes | int, timeout: float = 30.0
+                ) -> list[aio_pika.abc.AbstractIncomingMessage]:
+    """Consume and ack until the body `until` arrives (or that many messages have)."""
+    got: list[aio_pika.abc.AbstractIncomingMessage] = []
+    async with await aio_pika.connect(url) as conn:
+        ch = await conn.channel()
+        q = await ch.declare_queue(queue, passive=True)
+        async with asyncio.timeout(timeout), q.iterator() as it:
+            async for msg in it:
+                await msg.ack()
+                got.append(msg)
+                if msg.body == until or len(got) == until:
+                    break
+    return got
+
+
+async def _depth(url: str, queue: str) -> int:
+    async with await aio_pika.connect(url) as conn:
+        q = await (await conn.channel()).declare_queue(queue, passive=True)
+        return q.declaration_result.message_count or 0
+
+
+async def test_exchange_federation_delivers_and_bindings_follow(
+        pair: tuple[MgmtBroker, MgmtBroker]) -> None:
+    up, down = pair
+    await _declare(up.url, "fx.x", "fx.upstream-local", [])
+    await _declare(down.url, "fx.x", "fx.q", ["a.*"])
+    _put(down, "federation-upstream", "up", {"uri": up.url})
+    _policy(down, "fx", r"^fx\.", {"federation-upstream": "up"}, "exchanges")
+    row = await _link(down, lambda r: r.get("exchange") == "fx.x" and r["status"] == "running")
+    assert row["upstream"] == "up" and row["upstream_exchange"] == "fx.x"
+    assert row["type"] == "exchange" and row["vhost"] == "/" and "guest" not in row["uri"]
+    await _upstream_keys(up, "fx.x", {"a.*"})
+    queues = {q["name"]: q for q in up.get("/api/queues/%2F")}
+    assert "federation: fx.x -> hare-down" in queues  # the plugin's name for it
+
+    await _publish(up.url, "fx.x", [("z.z", b"not bound"), ("a.b", b"one")])
+    [msg] = await _take(down.url, "fx.q", b"one")
+    received = msg.headers["x-received-from"]
+    assert isinstance(received, list) and len(received) == 1
+    assert received[0]["exchange"] == "fx.x" and received[0]["cluster-name"] == "hare-up"
+    assert received[0]["redelivered"] is False and received[0]["vhost"] == "/"
+    assert msg.routing_key == "a.b"
+
+    # bind and unbind downstream: the upstream bindings follow, and so does what crosses
+    async with await aio_pika.connect(down.url) as conn:
+        ch = await conn.channel()
+        q = await ch.declare_queue("fx.q", passive=True)
+        await q.bind("fx.x", "z.*")
+        await _upstream_keys(up, "fx.x", {"a.*", "z.*"})
+        await q.unbind("fx.x", "a.*")
+        await _upstream_keys(up, "fx.x", {"z.*"})
+    # a.b, published first, would arrive first if it still crossed
+    await _publish(up.url, "fx.x", [("a.b", b"unbound now"), ("z.z", b"two")])
+    assert [m.body for m in await _take(down.url, "fx.q", b"two")] == [b"two"]
+
+    # the policy cleared: the link goes
+    assert down.api("DELETE", "/api/policies/%2F/fx")[0] == 204
+    await down.until("/api/federation-links",
+                     lambda rows: not any(r.get("exchange") == "fx.x" for r in rows))
+
+
+async def test_max_hops_1_on_a_loop_of_two_delivers_once(tmp_path: Path) -> None:
+    a = MgmtBroker(tmp_path / "a", ["--node-name", "hare-a"]).start()
+    b = MgmtBroker(tmp_path / "b", ["--node-name", "hare-b"]).start()
+    try:
+        for here, there in ((a, b), (b, a)):
+            await _declare(here.url, "loop.x", "loop.q", ["#"],
+                           aio_pika.ExchangeType.FANOUT)
+            _put(here, "federation-upstream", "other", {"uri": there.url, "max-hops": 1})
+            _policy(here, "loop", r"^loop\.", {"federation-upstream": "other"}, "exchanges")
+        for here in (a, b):
+            await _link(here, lambda r: r["status"] == "running")
+        for here, there_name in ((a, "hare-b"), (b, "hare-a")):
+            # on each side the other's link binding, and only that one (none echoed back)
+            want = [f"federation: loop.x -> {there_name} A"]
+            await here.until("/api/exchanges/%2F/loop.x/bindings/source", lambda rows, w=want: [
+                r["destination"] for r in rows if r["destination"].startswith("federation: ")
+            ] == w, timeout=20)
+        await _publish(a.url, "loop.x", [("", b"m")])
+        assert [m.body for m in await _take(b.url, "loop.q", b"m")] == [b"m"]
+        # a marker published at b after m: had m come back to a, it would be there first
+        await _publish(b.url, "loop.x", [("", b"marker")])
+        assert [m.body for m in await _take(a.url, "loop.q", b"marker")] == [b"m", b"marker"]
+        assert [m.body for m in await _take(b.url, "loop.q", b"marker")] == [b"marker"]
+    finally:
+        b.stop()
+        a.stop()
+
+
+async def test_queue_federation_moves_messages_to_the_consuming_side_only(
+        pair: tuple[MgmtBroker, MgmtBroker]) -> None:
+    up, down = pair
+    bodies = [b"q%d" % i for i in range(20)]
+    async with await aio_pika.connect(up.url) as conn:
+        await (await conn.channel()).declare_queue("fq.work", durable=True)
+    await _publish(up.url, "", [("fq.work", body) for body in bodies])
+    async with await aio_pika.connect(down.url) as conn:
+        await (await conn.channel()).declare_queue("fq.work", durable=True)
+    _put(down, "federation-upstream", "upq", {"uri": up.url, "prefetch-count": 5})
+    _policy(down, "fq", r"^fq\.", {"federation-upstream": "upq"}, "queues")
+    row = await _link(down, lambda r: r.get("queue") == "fq.work" and r["status"] == "running")
+    assert row["upstream_queue"] == "fq.work"
+    # no consumer downstream: the messages stay where they are
+    await up.until("/api/queues/%2F/fq.work", lambda q: q.get("consumers") == 0)
+    assert await _depth(up.url, "fq.work") == 20 and await _depth(down.url, "fq.work") == 0
+    got = await _take(down.url, "fq.work", 20)
+    assert sorted(m.body for m in got) == sorted(bodies)
+    assert got[0].headers["x-received-from"][0]["queue"] == "fq.work"
+    assert await _depth(up.url, "fq.work") == 0
+    # the downstream consumer gone, the link stops fetching: new messages stay upstream
+    await up.until("/api/queues/%2F/fq.work", lambda q: q.get("consumers") == 0, timeout=10)
+    await _publish(up.url, "", [("fq.work", b"stays")])
+    assert await _depth(up.url, "fq.work") == 1
+    assert down.api("DELETE", "/api/policies/%2F/fq")[0] == 204
+
+
+@pytest.mark.parametrize(("component", "value", "reason"), [
+    ("federation-upstream", {"prefetch-count": 5}, "uri"),
+    ("federation-upstream", {"uri": "http://x"}, "amqp://"),
+    ("federation-upstream", {"uri": "amqp://", "max-hops": "two"}, "max-hops"),
+    ("federation-upstream", {"uri": "amqp://", "max-hops": 0}, "max-hops"),
+    ("federation-upstream", {"uri": "amqp://", "ack-mode": "sometimes"}, "ack-mode"),
+    ("federation-upstream", {"uri": "amqp://", "trust-user-id": "yes"}, "trust-user-id"),
+    ("federation-upstream", {"uri": "amqp://", "colour": "blue"}, "colour"),
+    ("federation-upstream", "not an object", "object"),
+    ("federation-upstream-set", {"upstream": "a"}, "list"),
+    ("federation-upstream-set", [{"prefetch-count": 1}], "upstream"),
+    ("federation-upstream-set", [{"upstream": "a", "expires": 0}], "expires"),
+])
+async def test_a_malformed_parameter_is_refused_and_nothing_changes(
+        pair: tuple[MgmtBroker, MgmtBroker], component: str, value: Any, reason: str) -> None:
+    _, down = pair
+    status, body = down.api("PUT", f"/api/parameters/{component}/%2F/bad", {"value": value})
+    assert status == 400 and reason in body["reason"], body
+    assert down.api("GET", f"/api/parameters/{component}/%2F/bad")[0] == 404
+    status, body = down.api("PUT", "/api/policies/%2F/bad", {
+        "pattern": "^x", "definition": {"federation-upstream": "a",
+                                        "federation-upstream-set": "all"}})
+    assert status == 400 and "together" in body["reason"]
+
+
+async def test_an_unreachable_upstream_shows_the_error_then_runs(
+        pair: tuple[MgmtBroker, MgmtBroker], tmp_path: Path) -> None:
+    _, down = pair
+    other = BrokerProc(tmp_path / "late", ["--node-name", "hare-late"])
+    other.port = free_port()
+    await _declare(down.url, "late.x", "late.q", ["k"])
+    _put(down, "federation-upstream", "late", {
+        "uri": f"amqp://guest:guest@127.0.0.1:{other.port}/%2F", "reconnect-delay": 0.5})
+    _policy(down, "late", r"^late\.", {"federation-upstream": "late"}, "exchanges")
+    row = await _link(down, lambda r: r.get("exchange") == "late.x" and r["status"] == "error")
+    assert "upstream" in row["error"]
+    # meanwhile the broker and the other links carry on
+    await _publish(down.url, "late.x", [("k", b"local")])
+    assert [m.body for m in await _take(down.url, "late.q", b"local")] == [b"local"]
+    other.start()
+    try:
+        await _link(down, lambda r: r.get("exchange") == "late.x" and r["status"] == "running",
+                    timeout=60)
+        await _publish(other.url, "late.x", [("k", b"from afar")])
+        assert [m.body for m in await _take(down.url, "late.q", b"from afar")] == [b"from afar"]
+    finally:
+        down.api("DELETE", "/api/policies/%2F/late")
+        other.stop()
+
+
+async def test_upstream_restart_loses_nothing_confirmed(tmp_path: Path) -> None:
+    up = MgmtBroker(tmp_path / "up", ["--node-name", "hare-up2"]).start()
+    down = MgmtBroker(tmp_path / "down", ["--node-name", "hare-down2"]).start()
+    try:
+        await _declare(up.url, "rs.x", "rs.unused", [])
+        await _declare(down.url, "rs.x", "rs.q", ["#"])
+        _put(down, "federation-upstream", "up", {"uri": up.url, "reconnect-delay": 0.2,
+                                                 "ack-mode": "on-confirm"})
+        _policy(down, "rs", r"^rs\.", {"federation-upstream": "up"}, "exchanges")
+        await _link(down, lambda r: r["status"] == "running")
+        await _upstream_keys(up, "rs.x", {"#"})
+        before = [(f"k{i}", b"before %d" % i) for i in range(300)]
+        after = [(f"k{i}", b"after %d" % i) for i in range(300)]
+        await _publish(up.url, "rs.x", before)  # every one confirmed by the upstream
+        up.stop()
+        await _link(down, lambda r: r["status"] == "error")
+        up.start()
+        await _link(down, lambda r: r["status"] == "running", timeout=60)
+        await _publish(up.url, "rs.x", after)
+        got = await _take(down.url, "rs.q", b"after 299", timeout=60)
+        assert {m.body for m in got} >= {body for _, body in before + after}
+    finally:
+        down.stop()
+        up.stop()
+
+
+async def test_upstream_sets_and_all(pair: tuple[MgmtBroker, MgmtBroker]) -> None:
+    up, down = pair
+    await _declare(up.url, "set.x", "set.unused", [])
+    await _declare(down.url, "set.x", "set.q", ["k"])
+    _put(down, "federation-upstream", "set-up", {"uri": "amqp://localhost:1"})  # wrong port
+    # the set's member overrides the upstream's uri
+    _put(down, "federation-upstream-set", "s", [{"upstream": "set-up", "uri": up.url}])
+    _policy(down, "set", r"^set\.", {"federation-upstream-set": "s"}, "exchanges")
+    await _link(down, lambda r: r.get("exchange") == "set.x" and r["status"] == "running")
+    await _publish(up.url, "set.x", [("k", b"via the set")])
+    assert [m.body for m in await _take(down.url, "set.q", b"via the set")] == [b"via the set"]
+    # "all": one link per upstream of the vhost
+    _policy(down, "set", r"^set\.", {"federation-upstream-set": "all"}, "exchanges")
+    names = {n for (v, n) in [(p["vhost"], p["name"])
+                              for p in down.get("/api/parameters/federation-upstream")]}
+    await down.until("/api/federation-links", lambda rows: {
+        r["upstream"] for r in rows if r.get("exchange") == "set.x"} == names)
+    exported = down.get("/api/definitions")["parameters"]
+    assert {"vhost": "/", "component": "federation-upstream-set", "name": "s",
+            "value": [{"upstream": "set-up", "uri": up.url}]} in exported
+    assert down.api("DELETE", "/api/policies/%2F/set")[0] == 204
