@@ -78,6 +78,7 @@ class Link:
         self.upstream_name = "unknown"  # the upstream's cluster_name, once connected
         self.upstream_vhost = vhost
         self._url = ""  # the upstream URL connected with
+        self._cleanup = False
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -88,7 +89,11 @@ class Link:
         self._task = asyncio.create_task(
             self._run(), name=f"federation {self.kind} {self.vhost}/{self.name}")
 
-    async def stop(self) -> None:
+    async def stop(self, cleanup: bool = False) -> None:
+        """`cleanup`: the link is gone for good (its policy or exchange went), so what it
+        declared on the upstream goes too, as the plugin's; not at a node's stop, so the
+        upstream keeps collecting for when this broker is back."""
+        self._cleanup = cleanup
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -145,6 +150,8 @@ class Link:
         try:
             await self._federate(up, down, _closed_future(up, down))
         finally:
+            if self._cleanup and not up.is_closed:
+                await self._clean_upstream(up)
             for conn in (up, down):
                 if not conn.is_closed:
                     await conn.close()
@@ -173,6 +180,10 @@ class Link:
     async def _federate(self, up: AbstractConnection, down: AbstractConnection,
                         closed: asyncio.Future[str]) -> None:
         raise NotImplementedError
+
+    async def _clean_upstream(self, up: AbstractConnection) -> None:
+        """What the link declared on the upstream, deleted (a queue link declares nothing of
+        its own)."""
 
     # -- forwarding -------------------------------------------------------------------------
     def _entry(self, msg: AbstractIncomingMessage) -> dict[str, Any]:
@@ -241,7 +252,7 @@ class ExchangeLink(Link):
         self.exchange_type = exchange_type
         self._bindings: list[tuple[str, dict[str, Any]]] = []  # the downstream exchange's
         self._changed = asyncio.Event()
-        self._suffix = "B"  # the internal exchange last made; the next session makes the other
+        self._suffix = "A"  # the internal exchange in use (the upstream's "A" or "B")
 
     @property
     def upstream_object(self) -> str:
@@ -252,6 +263,18 @@ class ExchangeLink(Link):
         if bindings != self._bindings:
             self._bindings = bindings
             self._changed.set()
+
+    async def _clean_upstream(self, up: AbstractConnection) -> None:
+        qname = upstream_queue_name(self.upstream_object, self.upstream_vhost, self.node,
+                                    self.vhost, self.name)
+        try:
+            async with asyncio.timeout(5):
+                ch = await up.channel()
+                await ch.queue_delete(qname)
+                await ch.exchange_delete(f"{qname} {self._suffix}")
+        except Exception as exc:  # the upstream may be going too: logged, nothing waits
+            log.warning("federation link left its upstream queue", queue=qname,
+                        reason=str(exc))
 
     def _wanted(self) -> dict[tuple[str, str], tuple[str, dict[str, Any]]]:
         """The upstream bindings the downstream ones call for, by a hashable identity."""
@@ -287,8 +310,11 @@ class ExchangeLink(Link):
             args["x-message-ttl"] = u.message_ttl
         queue = await ch.declare_queue(qname, durable=True, arguments=args)
         # a fresh internal exchange with every binding, then the old one goes: the queue is
-        # bound throughout, and bindings that went while the link was down go with it
-        old, self._suffix = self._suffix, "A" if self._suffix == "B" else "B"
+        # bound throughout, and bindings that went while the link was down go with it. Which
+        # one is old is asked of the upstream, so it holds across restarts of either side.
+        old = "A" if await _exists(self._url, "exchange", f"{qname} A") else "B"
+        self._suffix = "B" if old == "A" else "A"
+        await cmd.exchange_delete(f"{qname} {self._suffix}")  # left by a swap cut short
         internal = await cmd.declare_exchange(
             f"{qname} {self._suffix}", aio_pika.ExchangeType.FANOUT, durable=True,
             internal=True, auto_delete=True, arguments={

@@ -156,8 +156,8 @@ class Federation:
     def _reconcile(self) -> None:
         self._scheduled = False
         node, local = self._node, self._local
-        if node is None or local is None:
-            return
+        if node is None or local is None or not (self.upstreams.parsed or self.links):
+            return  # no upstream, no link: a definition change costs nothing more
         wanted: dict[LinkKey, Upstream] = {}
         bindings: dict[LinkKey, list[tuple[str, dict[str, Any]]]] = {}
         types: dict[LinkKey, str] = {}
@@ -178,10 +178,13 @@ class Federation:
                 for upstream in self._upstreams_for(vhost, definition):
                     wanted[("queue", vhost.name, q.name, upstream.name)] = upstream
         for key, link in list(self.links.items()):
-            if wanted.get(key) != link.upstream or (
-                    isinstance(link, ExchangeLink) and link.exchange_type != types[key]):
+            if key not in wanted:  # for good: what it declared upstream goes too
                 del self.links[key]
-                self._stop(link)
+                self._stop(link, cleanup=True)
+            elif wanted[key] != link.upstream or (
+                    isinstance(link, ExchangeLink) and link.exchange_type != types[key]):
+                del self.links[key]  # restarted with its new upstream keys: nothing lost
+                self._stop(link, cleanup=False)
         for key, upstream in wanted.items():
             found = self.links.get(key)
             if found is not None:
@@ -228,9 +231,9 @@ class Federation:
             return q is not None and q.consumer_count > 0 and q.message_count == 0
         return demand
 
-    def _stop(self, link: Link) -> None:
+    def _stop(self, link: Link, cleanup: bool) -> None:
         # the link's task ends on its own; nothing of the caller (an HTTP request) waits
-        task = asyncio.ensure_future(link.stop())
+        task = asyncio.ensure_future(link.stop(cleanup))
         self._stopping.add(task)  # held until done: the loop keeps only a weak reference
         task.add_done_callback(self._stopping.discard)
 

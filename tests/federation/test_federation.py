@@ -5,16 +5,20 @@ consumed with aio-pika on both."""
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import aio_pika
+import pika
 import pytest
 
 from tests.conftest import BrokerProc
 from tests.mgmt.helpers import MgmtBroker, free_port
+from tests.test_ctl import ctl
 
 pytestmark = pytest.mark.asyncio
 
@@ -136,6 +140,11 @@ async def test_exchange_federation_delivers_and_bindings_follow(
     assert down.api("DELETE", "/api/policies/%2F/fx")[0] == 204
     await down.until("/api/federation-links",
                      lambda rows: not any(r.get("exchange") == "fx.x" for r in rows))
+    # and what it declared upstream with it, as the plugin's default cleanup
+    await up.until("/api/queues/%2F", lambda rows: not any(
+        q["name"].startswith("federation: fx.x") for q in rows), timeout=20)
+    await up.until("/api/exchanges/%2F", lambda rows: not any(
+        x["name"].startswith("federation: fx.x") for x in rows), timeout=20)
 
 
 async def test_max_hops_1_on_a_loop_of_two_delivers_once(tmp_path: Path) -> None:
@@ -264,6 +273,14 @@ async def test_upstream_restart_loses_nothing_confirmed(tmp_path: Path) -> None:
         await _publish(up.url, "rs.x", after)
         got = await _take(down.url, "rs.q", b"after 299", timeout=60)
         assert {m.body for m in got} >= {body for _, body in before + after}
+        # the downstream stopped: the upstream keeps collecting for it; restarted, its
+        # upstreams come back from its data directory and it gets what it missed
+        down.stop()
+        await _publish(up.url, "rs.x", [("k", b"while the downstream was down")])
+        down.start()
+        await _link(down, lambda r: r["status"] == "running")
+        assert [m.body for m in await _take(down.url, "rs.q", 1)] == [
+            b"while the downstream was down"]
     finally:
         down.stop()
         up.stop()
@@ -290,3 +307,64 @@ async def test_upstream_sets_and_all(pair: tuple[MgmtBroker, MgmtBroker]) -> Non
     assert {"vhost": "/", "component": "federation-upstream-set", "name": "s",
             "value": [{"upstream": "set-up", "uri": up.url}]} in exported
     assert down.api("DELETE", "/api/policies/%2F/set")[0] == 204
+
+
+async def test_federation_status_verb(pair: tuple[MgmtBroker, MgmtBroker]) -> None:
+    up, down = pair
+    await _declare(up.url, "ctl.x", "ctl.unused", [])
+    await _declare(down.url, "ctl.x", "ctl.q", ["k"])
+    _put(down, "federation-upstream", "ctl-up", {"uri": up.url})
+    _put(down, "federation-upstream", "ctl-down", {"uri": f"amqp://127.0.0.1:{free_port()}"})
+    _put(down, "federation-upstream-set", "ctl", [{"upstream": "ctl-up"},
+                                                  {"upstream": "ctl-down"}])
+    _policy(down, "ctl", r"^ctl\.", {"federation-upstream-set": "ctl"}, "exchanges")
+    await _link(down, lambda r: r["upstream"] == "ctl-up" and r["status"] == "running")
+    await _link(down, lambda r: r["upstream"] == "ctl-down" and r["status"] == "error")
+    lines = (await ctl(down, "federation_status")).stdout.splitlines()
+    assert lines[0].split()[:6] == ["type", "name", "vhost", "upstream", "upstream_name",
+                                    "status"]
+    assert ["exchange", "ctl.x", "/", "ctl-up", "ctl.x", "running"] in [
+        line.split()[:6] for line in lines[1:]]
+    rows = json.loads((await ctl(down, "--json", "federation_status", "--only-down")).stdout)
+    assert [(r["name"], r["upstream"], r["status"]) for r in rows] == [
+        ("ctl.x", "ctl-down", "error")]
+    assert rows[0]["error"]
+    assert down.api("DELETE", "/api/policies/%2F/ctl")[0] == 204
+    assert down.api("DELETE", "/api/parameters/federation-upstream/%2F/ctl-down")[0] == 204
+
+
+def _rabbitmq_answers() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 5672), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _rabbitmq_answers(), reason="no RabbitMQ answers on 127.0.0.1:5672")
+async def test_federates_an_exchange_of_rabbitmq(pair: tuple[MgmtBroker, MgmtBroker]) -> None:
+    """RabbitMQ as the upstream: what the link declares there is what RabbitMQ accepts."""
+    _, down = pair
+    rabbit = "amqp://guest:guest@127.0.0.1:5672/%2F"
+    await _declare(down.url, "hare.fed.rmq", "rmq.q", ["k"])
+    _put(down, "federation-upstream", "rabbit", {"uri": rabbit, "expires": 60000})
+    _policy(down, "rmq", r"^hare\.fed\.rmq$", {"federation-upstream": "rabbit"}, "exchanges")
+    try:
+        row = await _link(down, lambda r: r["upstream"] == "rabbit" and r["status"] in (
+            "running", "error"))
+        assert row["status"] == "running", row
+        await _publish(rabbit, "hare.fed.rmq", [("k", b"from rabbitmq")])
+        [msg] = await _take(down.url, "rmq.q", b"from rabbitmq")
+        assert msg.headers["x-received-from"][0]["cluster-name"].startswith("rabbit@")
+    finally:
+        down.api("DELETE", "/api/policies/%2F/rmq")
+        await down.until("/api/federation-links", lambda rows: not any(
+            r["upstream"] == "rabbit" for r in rows))
+        # leave RabbitMQ as found (pika: it sends the plugin's names as they are)
+        conn = pika.BlockingConnection(pika.URLParameters(rabbit))
+        ch = conn.channel()
+        ch.queue_delete("federation: hare.fed.rmq -> hare-down")
+        for suffix in ("A", "B"):
+            ch.exchange_delete(f"federation: hare.fed.rmq -> hare-down {suffix}")
+        ch.exchange_delete("hare.fed.rmq")
+        conn.close()
