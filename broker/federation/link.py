@@ -18,7 +18,7 @@ import asyncio
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import aio_pika
 import structlog
@@ -161,6 +161,9 @@ class Link:
         error: Exception | None = None
         for uri in self.upstream.uris:  # the plugin's list of URIs: the first that answers
             url = self._local.resolve(uri, self.vhost)
+            parts = urlsplit(url)
+            if parts.path in ("", "/"):  # no vhost named: the downstream's, as the plugin
+                url = urlunsplit(parts._replace(path="/" + quote(self.vhost, safe="")))
             try:
                 conn = await aio_pika.connect(url, timeout=10, client_properties={
                     "connection_name": f"Federation link (upstream) {self.vhost}/{self.name}"})
@@ -168,8 +171,7 @@ class Link:
                 error = exc
                 continue
             self.uri, self._url = uri, url
-            path = urlsplit(url).path
-            self.upstream_vhost = unquote(path[1:]) if len(path) > 1 else self.vhost
+            self.upstream_vhost = unquote(urlsplit(url).path[1:])
             props = conn.transport.connection.server_properties if conn.transport else {}
             name = props.get("cluster_name")
             self.upstream_name = name.decode() if isinstance(name, bytes) else str(

@@ -368,3 +368,23 @@ async def test_federates_an_exchange_of_rabbitmq(pair: tuple[MgmtBroker, MgmtBro
             ch.exchange_delete(f"federation: hare.fed.rmq -> hare-down {suffix}")
         ch.exchange_delete("hare.fed.rmq")
         conn.close()
+
+
+@pytest.mark.parametrize("ack_mode", ["on-publish", "no-ack"])
+async def test_other_ack_modes_deliver_and_settle_upstream(
+        pair: tuple[MgmtBroker, MgmtBroker], ack_mode: str) -> None:
+    up, down = pair
+    x = f"am-{ack_mode}.x"
+    await _declare(up.url, x, f"am-{ack_mode}.unused", [])
+    await _declare(down.url, x, f"am-{ack_mode}.q", ["k"])
+    _put(down, "federation-upstream", f"am-{ack_mode}", {"uri": up.url, "ack-mode": ack_mode})
+    _policy(down, f"am-{ack_mode}", f"^am-{ack_mode}\\.x$",
+            {"federation-upstream": f"am-{ack_mode}"}, "exchanges")
+    await _link(down, lambda r: r.get("exchange") == x and r["status"] == "running")
+    await _upstream_keys(up, x, {"k"})
+    bodies = [b"%d" % i for i in range(50)]
+    await _publish(up.url, x, [("k", body) for body in bodies])
+    assert [m.body for m in await _take(down.url, f"am-{ack_mode}.q", 50)] == bodies
+    await up.until(f"/api/queues/%2F/{quote(f'federation: {x} -> hare-down', safe='')}",
+                   lambda q: q.get("messages") == 0, timeout=20)
+    assert down.api("DELETE", f"/api/policies/%2F/am-{ack_mode}")[0] == 204
