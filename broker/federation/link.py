@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
@@ -147,9 +148,11 @@ class Link:
         except BaseException:
             await up.close()
             raise
+        forwarder = _Forwarder(self, acks=self.upstream.ack_mode != "no-ack")
         try:
-            await self._federate(up, down, _closed_future(up, down))
+            await self._federate(up, down, _closed_future(up, down), forwarder)
         finally:
+            await forwarder.close()
             if self._cleanup and not up.is_closed:
                 await self._clean_upstream(up)
             for conn in (up, down):
@@ -180,7 +183,7 @@ class Link:
         raise ConnectionError(f"upstream: {error}")
 
     async def _federate(self, up: AbstractConnection, down: AbstractConnection,
-                        closed: asyncio.Future[str]) -> None:
+                        closed: asyncio.Future[str], forwarder: _Forwarder) -> None:
         raise NotImplementedError
 
     async def _clean_upstream(self, up: AbstractConnection) -> None:
@@ -193,10 +196,10 @@ class Link:
                 "redelivered": bool(msg.redelivered), "cluster-name": self.upstream_name,
                 "vhost": self.upstream_vhost}
 
-    async def _forward(self, msg: AbstractIncomingMessage, target: AbstractExchange,
-                       key: str) -> None:
-        """Republish downstream with this link's x-received-from entry first; settle the
-        upstream delivery as the ack-mode says."""
+    async def publish(self, msg: AbstractIncomingMessage, target: AbstractExchange,
+                      key: str) -> bool:
+        """Republish downstream with this link's x-received-from entry first; False when
+        this broker refused it (a nack under on-confirm)."""
         u = self.upstream
         props = {k: getattr(msg, k) for k in _PROPERTIES if getattr(msg, k) is not None}
         if u.trust_user_id and msg.user_id is not None:
@@ -207,11 +210,8 @@ class Link:
         try:
             await target.publish(aio_pika.Message(msg.body, headers=headers, **props), key)
         except aio_pika.exceptions.DeliveryError:
-            if u.ack_mode != "no-ack":
-                await msg.nack(requeue=True)  # refused downstream: it stays upstream
-            return
-        if u.ack_mode != "no-ack":
-            await msg.ack()
+            return False
+        return True
 
 
 def _closed_future(*parts: AbstractConnection) -> asyncio.Future[str]:
@@ -233,16 +233,62 @@ def _watch(closed: asyncio.Future[str], *channels: AbstractChannel) -> None:
 
 
 class _Forwarder:
-    """Deliveries republished in order (each publish is written before its task first
-    waits), confirms awaited side by side up to the prefetch."""
+    """One session's deliveries: republished in order (each publish is written before its
+    task first waits), confirms awaited side by side up to the prefetch, and settled upstream
+    in delivery order, all that are done by one basic.ack (multiple) per loop turn, so the
+    upstream is sent one ack per confirm batch rather than one per message."""
 
-    def __init__(self) -> None:
-        self.pending: set[asyncio.Task[None]] = set()
+    def __init__(self, link: Link, *, acks: bool) -> None:
+        self._link, self._acks = link, acks
+        self._pending: set[asyncio.Task[None]] = set()
+        self._order: deque[AbstractIncomingMessage] = deque()  # unsettled, delivery order
+        self._done: set[int] = set()  # delivery tags ready to be acked
+        self._flush_due = False
 
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def forward(self, msg: AbstractIncomingMessage, target: AbstractExchange, key: str) -> None:
+        if self._acks:
+            self._order.append(msg)
+        self._spawn(self._one(msg, target, key))
+
+    def drop(self, msg: AbstractIncomingMessage) -> None:
+        """Acked without being forwarded (it has been here, or is out of hops)."""
+        if self._acks:
+            self._order.append(msg)
+            self._settled(msg)
+
+    async def close(self) -> None:
+        """The session ended: what is still in flight stays unacked, so the upstream
+        delivers it again to the next session."""
+        for task in self._pending:
+            task.cancel()
+        await asyncio.gather(*self._pending, return_exceptions=True)
+
+    async def _one(self, msg: AbstractIncomingMessage, target: AbstractExchange,
+                   key: str) -> None:
+        if not await self._link.publish(msg, target, key) and self._acks:
+            await msg.nack(requeue=True)  # refused here: it stays upstream
+        if self._acks:
+            self._settled(msg)
+
+    def _settled(self, msg: AbstractIncomingMessage) -> None:
+        self._done.add(msg.delivery_tag or 0)
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_due = False
+        last: AbstractIncomingMessage | None = None
+        while self._order and (self._order[0].delivery_tag or 0) in self._done:
+            last = self._order.popleft()
+            self._done.discard(last.delivery_tag or 0)
+        if last is not None:  # a nacked one before it is no longer outstanding: not covered
+            self._spawn(last.ack(multiple=True))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
-        self.pending.add(task)
-        task.add_done_callback(self.pending.discard)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
 
 
 class ExchangeLink(Link):
@@ -295,7 +341,7 @@ class ExchangeLink(Link):
         return out
 
     async def _federate(self, up: AbstractConnection, down: AbstractConnection,
-                        closed: asyncio.Future[str]) -> None:
+                        closed: asyncio.Future[str], forwarder: _Forwarder) -> None:
         u = self.upstream
         ux = self.upstream_object
         ch = await up.channel()
@@ -330,13 +376,12 @@ class ExchangeLink(Link):
         if u.ack_mode != "no-ack":
             await ch.set_qos(prefetch_count=u.prefetch)
         target = await dch.get_exchange(self.name, ensure=False)
-        forwarder = _Forwarder()
 
         async def on_message(msg: AbstractIncomingMessage) -> None:
             if should_forward(msg.headers, u.max_hops, self.node, self.vhost):
-                forwarder.spawn(self._forward(msg, target, msg.routing_key or ""))
-            elif u.ack_mode != "no-ack":
-                forwarder.spawn(msg.ack())  # been here, or out of hops: dropped, as the plugin
+                forwarder.forward(msg, target, msg.routing_key or "")
+            else:
+                forwarder.drop(msg)  # been here, or out of hops: dropped, as the plugin
 
         await queue.consume(on_message, no_ack=u.ack_mode == "no-ack")
         self._set("running")
@@ -375,7 +420,7 @@ class QueueLink(Link):
         return self.upstream.queue or self.name
 
     async def _federate(self, up: AbstractConnection, down: AbstractConnection,
-                        closed: asyncio.Future[str]) -> None:
+                        closed: asyncio.Future[str], forwarder: _Forwarder) -> None:
         u = self.upstream
         ch = await up.channel()
         dch = await down.channel(publisher_confirms=u.ack_mode == "on-confirm")
@@ -388,10 +433,9 @@ class QueueLink(Link):
         if u.ack_mode != "no-ack":
             await ch.set_qos(prefetch_count=u.prefetch)
         target = dch.default_exchange
-        forwarder = _Forwarder()
 
         async def on_message(msg: AbstractIncomingMessage) -> None:
-            forwarder.spawn(self._forward(msg, target, self.name))
+            forwarder.forward(msg, target, self.name)
 
         self._set("running")
         tag: str | None = None
