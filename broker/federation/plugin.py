@@ -64,8 +64,13 @@ class _Component:
                 for (v, n), value in sorted(self.values.items())]
 
     def put(self, vhost: str, name: str, value: object, user: str | None) -> bool:
-        self.plugin.check_vhost(vhost)
-        created = self.set(vhost, name, value)
+        try:
+            self.plugin.check_vhost(vhost)
+            created = self.set(vhost, name, value)
+        except ParameterInvalid as exc:
+            log.warning("federation parameter refused", component=self.name, vhost=vhost,
+                        name=name, user=user, reason=str(exc))
+            raise
         self.plugin.changed()
         return created
 
@@ -81,6 +86,14 @@ class _Component:
         self.parsed.pop((vhost, name), None)
         self.plugin.changed()
         return True
+
+    def drop_vhost(self, vhost: str) -> bool:
+        """The vhost is deleted: its parameters go with it, as RabbitMQ's."""
+        gone = [key for key in self.values if key[0] == vhost]
+        for key in gone:
+            del self.values[key]
+            self.parsed.pop(key, None)
+        return bool(gone)
 
     def status(self) -> list[dict[str, object]]:
         """Every link (GET /api/federation-links), whichever component is asked."""
@@ -144,6 +157,11 @@ class Federation:
 
     # -- which links run --------------------------------------------------------------------
     def _definition_changed(self, change: tuple[str | None, str, object]) -> None:
+        _, what, obj = change
+        if what == "delete_vhost" and isinstance(obj, str):
+            dropped = [c.drop_vhost(obj) for c in (self.upstreams, self.sets)]
+            if any(dropped):
+                self._save()
         self._soon()
 
     def _soon(self) -> None:

@@ -111,6 +111,7 @@ async def test_exchange_federation_delivers_and_bindings_follow(
     _policy(down, "fx", r"^fx\.", {"federation-upstream": "up"}, "exchanges")
     row = await _link(down, lambda r: r.get("exchange") == "fx.x" and r["status"] == "running")
     assert row["upstream"] == "up" and row["upstream_exchange"] == "fx.x"
+    assert row in down.get("/api/federation-links/%2F")
     assert row["type"] == "exchange" and row["vhost"] == "/" and "guest" not in row["uri"]
     await _upstream_keys(up, "fx.x", {"a.*"})
     queues = {q["name"]: q for q in up.get("/api/queues/%2F")}
@@ -388,3 +389,22 @@ async def test_other_ack_modes_deliver_and_settle_upstream(
     await up.until(f"/api/queues/%2F/{quote(f'federation: {x} -> hare-down', safe='')}",
                    lambda q: q.get("messages") == 0, timeout=20)
     assert down.api("DELETE", f"/api/policies/%2F/am-{ack_mode}")[0] == 204
+
+
+async def test_definitions_import_and_a_deleted_vhost(pair: tuple[MgmtBroker, MgmtBroker]
+                                                      ) -> None:
+    _, down = pair
+    assert down.api("PUT", "/api/vhosts/fedv", {})[0] in (201, 204)
+    status, body = down.api("POST", "/api/definitions", {"parameters": [
+        {"vhost": "fedv", "component": "federation-upstream", "name": "imported",
+         "value": {"uri": "amqp://elsewhere", "max-hops": 2}}]})
+    assert status in (200, 201, 204), body
+    got = down.get("/api/parameters/federation-upstream/fedv/imported")
+    assert got["value"] == {"uri": "amqp://elsewhere", "max-hops": 2}
+    status, body = down.api("POST", "/api/definitions", {"parameters": [
+        {"vhost": "fedv", "component": "federation-upstream", "name": "broken",
+         "value": {"uri": 5}}]})
+    assert status == 400 and "uri" in body["reason"]
+    assert down.api("GET", "/api/parameters/federation-upstream/fedv/broken")[0] == 404
+    assert down.api("DELETE", "/api/vhosts/fedv")[0] == 204
+    assert down.api("GET", "/api/parameters/federation-upstream/fedv/imported")[0] == 404
