@@ -107,7 +107,8 @@ async def test_exchange_federation_delivers_and_bindings_follow(
     up, down = pair
     await _declare(up.url, "fx.x", "fx.upstream-local", [])
     await _declare(down.url, "fx.x", "fx.q", ["a.*"])
-    _put(down, "federation-upstream", "up", {"uri": up.url})
+    _put(down, "federation-upstream", "up", {"uri": up.url, "expires": 3600000,
+                                             "message-ttl": 60000})
     _policy(down, "fx", r"^fx\.", {"federation-upstream": "up"}, "exchanges")
     row = await _link(down, lambda r: r.get("exchange") == "fx.x" and r["status"] == "running")
     assert row["upstream"] == "up" and row["upstream_exchange"] == "fx.x"
@@ -115,7 +116,9 @@ async def test_exchange_federation_delivers_and_bindings_follow(
     assert row["type"] == "exchange" and row["vhost"] == "/" and "guest" not in row["uri"]
     await _upstream_keys(up, "fx.x", {"a.*"})
     queues = {q["name"]: q for q in up.get("/api/queues/%2F")}
-    assert "federation: fx.x -> hare-down" in queues  # the plugin's name for it
+    fq = queues["federation: fx.x -> hare-down"]  # the plugin's name for it, and arguments
+    assert fq["durable"] and fq["arguments"] == {
+        "x-expires": 3600000, "x-message-ttl": 60000, "x-internal-purpose": "federation"}
 
     await _publish(up.url, "fx.x", [("z.z", b"not bound"), ("a.b", b"one")])
     [msg] = await _take(down.url, "fx.q", b"one")
@@ -408,3 +411,28 @@ async def test_definitions_import_and_a_deleted_vhost(pair: tuple[MgmtBroker, Mg
     assert down.api("GET", "/api/parameters/federation-upstream/fedv/broken")[0] == 404
     assert down.api("DELETE", "/api/vhosts/fedv")[0] == 204
     assert down.api("GET", "/api/parameters/federation-upstream/fedv/imported")[0] == 404
+
+
+async def test_an_upstream_uri_without_a_vhost_means_the_downstream_ones(
+        pair: tuple[MgmtBroker, MgmtBroker]) -> None:
+    up, down = pair
+    for b in (up, down):
+        assert b.api("PUT", "/api/vhosts/fv", {})[0] in (201, 204)
+        assert b.api("PUT", "/api/permissions/fv/guest", {
+            "configure": ".*", "write": ".*", "read": ".*"})[0] in (201, 204)
+    up_fv, down_fv = up.url + "fv", down.url + "fv"
+    await _declare(up_fv, "v.x", "v.unused", [])
+    await _declare(down_fv, "v.x", "v.q", ["k"])
+    status, body = down.api("PUT", "/api/parameters/federation-upstream/fv/up", {
+        "value": {"uri": f"amqp://guest:guest@127.0.0.1:{up.port}"}})
+    assert status in (201, 204), body
+    status, body = down.api("PUT", "/api/policies/fv/v", {
+        "pattern": "^v\\.x$", "definition": {"federation-upstream": "up"},
+        "apply-to": "exchanges"})
+    assert status in (201, 204), body
+    await _link(down, lambda r: r["vhost"] == "fv" and r["status"] == "running")
+    await _publish(up_fv, "v.x", [("k", b"in fv")])
+    [msg] = await _take(down_fv, "v.q", b"in fv")
+    assert msg.headers["x-received-from"][0]["vhost"] == "fv"
+    for b in (down, up):
+        assert b.api("DELETE", "/api/vhosts/fv")[0] == 204
