@@ -436,3 +436,33 @@ async def test_an_upstream_uri_without_a_vhost_means_the_downstream_ones(
     assert msg.headers["x-received-from"][0]["vhost"] == "fv"
     for b in (down, up):
         assert b.api("DELETE", "/api/vhosts/fv")[0] == 204
+
+
+@pytest.mark.parametrize("hops", [1, 2])
+async def test_max_hops_along_a_chain_of_three(tmp_path: Path, hops: int) -> None:
+    """a -> b -> c, each link with `max-hops` = hops: a message published at a crosses two
+    links to reach c, so it gets there only with max-hops 2 (and c's binding has to travel
+    back to a for that, through b)."""
+    a, b, c = (MgmtBroker(tmp_path / n, ["--node-name", f"hare-{n}"]).start() for n in "abc")
+    try:
+        for here, there in ((b, a), (c, b)):
+            _put(here, "federation-upstream", "prev", {"uri": there.url, "max-hops": hops})
+            _policy(here, "chain", r"^chain\.", {"federation-upstream": "prev"}, "exchanges")
+        await _declare(a.url, "chain.x", "chain.unused", [])
+        await _declare(b.url, "chain.x", "chain.q", ["k"])
+        await _declare(c.url, "chain.x", "chain.q", ["k"])
+        for here in (b, c):
+            await _link(here, lambda r: r["status"] == "running")
+        await _upstream_keys(b, "chain.x", {"k"})
+        await a.until("/api/exchanges/%2F/chain.x/bindings/source", lambda rows: len(
+            [r for r in rows if r["destination"].startswith("federation: ")]) == hops,
+            timeout=20)  # b's own binding, and c's through b when it may travel that far
+        await _publish(a.url, "chain.x", [("k", b"from a")])
+        assert [m.body for m in await _take(b.url, "chain.q", b"from a")] == [b"from a"]
+        # from b, one link: always crosses, and after "from a" had it crossed too
+        await _publish(b.url, "chain.x", [("k", b"marker")])
+        got = [m.body for m in await _take(c.url, "chain.q", b"marker")]
+        assert got == ([b"from a", b"marker"] if hops == 2 else [b"marker"])
+    finally:
+        for broker in (c, b, a):
+            broker.stop()
