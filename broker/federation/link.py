@@ -80,6 +80,7 @@ class Link:
         self.upstream_vhost = vhost
         self._url = ""  # the upstream URL connected with
         self._cleanup = False
+        self.ran = False  # the current session got to running
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -115,29 +116,31 @@ class Link:
 
     def _set(self, status: str, error: str | None = None) -> None:
         self.status, self.error, self.since = status, error, time.time()
+        self.ran = self.ran or status == "running"
 
     async def _run(self) -> None:
         delay = self.upstream.reconnect_delay_s
         while True:
             self._set("starting", self.error)
-            ran = False
+            self.ran = False
             try:
-                ran = await self._session()
+                await self._session()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # either side failed: show it, try again later
-                text = str(exc) or type(exc).__name__
-                self._set("error", f"{type(exc).__name__}: {text}")
+                text = str(exc)
+                self._set("error", f"{type(exc).__name__}: {text}" if text else
+                          type(exc).__name__)
                 log.warning("federation link failed", vhost=self.vhost, link=self.kind,
                             name=self.name, upstream=self.upstream.name, reason=self.error)
             if self.upstream.reconnect_delay_s == 0:
                 return  # the plugin's meaning of 0: no reconnect
-            if ran or self.status == "running":  # it worked for a while: back to the base
+            if self.ran:  # this session got to running: the backoff starts afresh
                 delay = self.upstream.reconnect_delay_s
             await asyncio.sleep(delay)
             delay = min(delay * 2, max(MAX_BACKOFF_S, self.upstream.reconnect_delay_s))
 
-    async def _session(self) -> bool:
+    async def _session(self) -> None:
         """Connect both sides and federate until something fails (raises)."""
         up = await self._connect_upstream()
         try:
@@ -158,7 +161,6 @@ class Link:
             for conn in (up, down):
                 if not conn.is_closed:
                     await conn.close()
-        return True
 
     async def _connect_upstream(self) -> AbstractConnection:
         error: Exception | None = None

@@ -16,6 +16,9 @@ import aio_pika
 import pika
 import pytest
 
+from broker.amqp_uri import LocalBroker
+from broker.federation.link import ExchangeLink
+from broker.federation.upstream import parse_upstream
 from tests.conftest import BrokerProc
 from tests.mgmt.helpers import MgmtBroker, free_port
 from tests.test_ctl import ctl
@@ -466,3 +469,31 @@ async def test_max_hops_along_a_chain_of_three(tmp_path: Path, hops: int) -> Non
     finally:
         for broker in (c, b, a):
             broker.stop()
+
+
+async def test_reconnect_backoff_doubles_and_restarts_after_a_session_that_ran(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Failed sessions wait reconnect-delay doubling (up to 30 s); one that got to running
+    starts the backoff afresh for the next failure only. The reconnect policy alone: the
+    session and the clock are stand-ins, no broker is involved."""
+    upstream = parse_upstream("u", {"uri": "amqp://", "reconnect-delay": 4})
+    link = ExchangeLink("/", "x", upstream, "n", LocalBroker(1, "u", "p"), "topic")
+    reached = [False, False, False, True, False, False, False, False]
+    sleeps: list[float] = []
+
+    async def session() -> None:
+        if not reached:
+            raise asyncio.CancelledError
+        if reached.pop(0):
+            link._set("running")
+        raise ConnectionError("down")
+
+    async def sleep(delay: float) -> None:
+        sleeps.append(delay)
+
+    monkeypatch.setattr(link, "_session", session)
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    with pytest.raises(asyncio.CancelledError):
+        await link._run()
+    assert sleeps == [4, 8, 16, 4, 8, 16, 30, 30]
+    assert link.status == "starting" and link.error == "ConnectionError: down"
