@@ -210,7 +210,10 @@ class Link:
         seen = headers.get(ROUTING_HEADER)
         headers[ROUTING_HEADER] = [self._entry(msg), *(seen if isinstance(seen, list) else [])]
         try:
-            await target.publish(aio_pika.Message(msg.body, headers=headers, **props), key)
+            # not mandatory, as the plugin: routed nowhere here is dropped here, not returned
+            # (and nacked back upstream, to come again)
+            await target.publish(aio_pika.Message(msg.body, headers=headers, **props), key,
+                                 mandatory=False)
         except aio_pika.exceptions.DeliveryError:
             return False
         return True

@@ -497,3 +497,27 @@ async def test_reconnect_backoff_doubles_and_restarts_after_a_session_that_ran(
         await link._run()
     assert sleeps == [4, 8, 16, 4, 8, 16, 30, 30]
     assert link.status == "starting" and link.error == "ConnectionError: down"
+
+
+async def test_a_message_routed_nowhere_downstream_is_dropped_not_sent_back(
+        pair: tuple[MgmtBroker, MgmtBroker]) -> None:
+    """The downstream exchange binds to an exchange that binds nothing: what crosses routes
+    nowhere here, and is settled upstream (as the plugin, which does not publish mandatory)
+    instead of coming back for ever."""
+    up, down = pair
+    await _declare(up.url, "nowhere.x", "nowhere.unused", [])
+    async with await aio_pika.connect(down.url) as conn:
+        ch = await conn.channel()
+        x = await ch.declare_exchange("nowhere.x", aio_pika.ExchangeType.TOPIC, durable=True)
+        dead_end = await ch.declare_exchange("nowhere.end", aio_pika.ExchangeType.FANOUT)
+        await dead_end.bind(x, "k")
+    _put(down, "federation-upstream", "nowhere", {"uri": up.url})
+    _policy(down, "nowhere", r"^nowhere\.x$", {"federation-upstream": "nowhere"}, "exchanges")
+    await _link(down, lambda r: r.get("exchange") == "nowhere.x" and r["status"] == "running")
+    await _upstream_keys(up, "nowhere.x", {"k"})
+    await _publish(up.url, "nowhere.x", [("k", b"%d" % i) for i in range(5)])
+    path = f"/api/queues/%2F/{quote('federation: nowhere.x -> hare-down', safe='')}"
+    await up.until(path, lambda q: q.get("messages_ready") == 0
+                   and q.get("messages_unacknowledged") == 0
+                   and q.get("message_stats", {}).get("ack", 0) >= 5, timeout=20)
+    assert down.api("DELETE", "/api/policies/%2F/nowhere")[0] == 204
