@@ -1,13 +1,15 @@
-"""AMQP URIs as the plugins that are AMQP clients of brokers take them (the shovel and
-federation plugins): a URI or a list of them, `amqp://` with no host meaning this broker, and
-URIs shown with their password hidden. Plain code, below every plugin, so neither plugin
-imports the other."""
+"""AMQP URIs as the plugins that are AMQP clients of brokers take them: a URI or a list of
+them, `amqp://` with no host meaning this broker, URIs shown without credentials. Plain code,
+below every plugin, so no plugin imports another. The federation plugin uses it; the shovel
+plugin still has its own copy (broker/shovel/worker.py, definition.py), left alone while its
+URI handling is being reworked on another branch (logins as the defining user), to be joined
+here once both are merged."""
 
 from __future__ import annotations
 
 from urllib.parse import quote, urlsplit, urlunsplit
 
-__all__ = ["LocalBroker", "UriInvalid", "parse_uris", "redacted", "without_credentials"]
+__all__ = ["LocalBroker", "UriInvalid", "parse_uris", "without_credentials"]
 
 
 class UriInvalid(ValueError):
@@ -41,14 +43,6 @@ class LocalBroker:
         login = f"{quote(self.user, safe='')}:{quote(self.password, safe='')}"
         netloc = f"{login}@127.0.0.1:{self.port}"
         return urlunsplit(("amqp", netloc, path, parts.query, ""))
-
-
-def redacted(uri: str) -> str:
-    parts = urlsplit(uri)
-    if parts.password is None:
-        return uri
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def without_credentials(uri: str) -> str:

@@ -1,6 +1,5 @@
-"""/api/parameters/{component}, /api/shovels and /api/federation-links: RabbitMQ's paths for
-the runtime parameters of components a plugin owns (the shovel plugin: broker/shovel; the
-federation plugin: broker/federation) and their running instances. The component is found in
+"""/api/parameters/{component} and /api/shovels: RabbitMQ's paths for the runtime parameters
+of components a plugin owns (the shovel plugin: broker/shovel). The component is found in
 `Node.parameter_components` at request time, so this module names no plugin; a component
 nobody registered is 404, as RabbitMQ answers for a plugin that is not enabled.
 
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["add_routes"]
 
 SHOVEL = "shovel"
-FEDERATION = "federation-upstream"  # its status() is every federation link
 
 
 def _component(request: web.Request, name: str | None = None) -> ParameterComponent:
@@ -39,6 +37,14 @@ def _component(request: web.Request, name: str | None = None) -> ParameterCompon
     if component is None:
         raise ApiError(404, "Not Found")
     return component
+
+
+async def federation_links(request: web.Request) -> web.Response:
+    """/api/federation-links[/{vhost}]: the federation plugin's links (broker/federation),
+    which its `federation-upstream` component's status() lists."""
+    vhosts = await _visible(request)
+    return json_response([s for s in _component(request, "federation-upstream").status()
+                          if s["vhost"] in vhosts])
 
 
 async def _visible(request: web.Request) -> set[str]:
@@ -88,15 +94,11 @@ async def shovels_list(request: web.Request) -> web.Response:
                           if s["vhost"] in vhosts])
 
 
-async def federation_links(request: web.Request) -> web.Response:
-    vhosts = await _visible(request)
-    return json_response([s for s in _component(request, FEDERATION).status()
-                          if s["vhost"] in vhosts])
-
-
 def add_routes(app: web.Application) -> None:
     m, p = Need.MANAGEMENT, Need.POLICYMAKER
     base = "/api/parameters/{component}"
+    add_route(app, "GET", "/api/federation-links", federation_links, m)
+    add_route(app, "GET", "/api/federation-links/{vhost}", federation_links, m)
     add_route(app, "GET", base, parameters_list, m)
     add_route(app, "GET", base + "/{vhost}", parameters_list, m)
     add_route(app, "GET", base + "/{vhost}/{name}", parameter_one, m)
@@ -104,5 +106,3 @@ def add_routes(app: web.Application) -> None:
     add_route(app, "DELETE", base + "/{vhost}/{name}", parameter_delete, p)
     add_route(app, "GET", "/api/shovels", shovels_list, m)
     add_route(app, "GET", "/api/shovels/{vhost}", shovels_list, m)
-    add_route(app, "GET", "/api/federation-links", federation_links, m)
-    add_route(app, "GET", "/api/federation-links/{vhost}", federation_links, m)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-
-from broker.amqp_uri import UriInvalid, parse_uris
+from urllib.parse import urlsplit
 
 __all__ = ["ACK_MODES", "ParameterInvalid", "ShovelDefinition", "parse_definition"]
 
@@ -43,10 +42,14 @@ class ShovelDefinition:
 
 
 def _uris(value: dict[str, Any], key: str) -> tuple[str, ...]:
-    try:
-        return parse_uris(value.get(key), key)
-    except UriInvalid as exc:
-        raise ParameterInvalid(str(exc)) from None
+    raw = value.get(key)
+    uris = [raw] if isinstance(raw, str) else raw
+    if not isinstance(uris, list) or not uris or not all(isinstance(u, str) for u in uris):
+        raise ParameterInvalid(f"{key}: a URI or a non-empty list of URIs is required")
+    for uri in uris:
+        if urlsplit(uri).scheme not in ("amqp", "amqps"):
+            raise ParameterInvalid(f"{key}: {uri!r} is not an amqp:// or amqps:// URI")
+    return tuple(uris)
 
 
 def _str(value: dict[str, Any], key: str) -> str | None:

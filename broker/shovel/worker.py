@@ -11,16 +11,16 @@ import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import aio_pika
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 from aiormq.exceptions import ChannelNotFoundEntity
 
-from broker.amqp_uri import LocalBroker, redacted
 from broker.shovel.definition import ShovelDefinition
 
-__all__ = ["Shovel"]
+__all__ = ["LocalBroker", "Shovel"]
 
 log = structlog.get_logger("hare.shovel")
 
@@ -28,6 +28,24 @@ MAX_BACKOFF_S = 30.0
 _PROPERTIES = ("content_type", "content_encoding", "headers", "delivery_mode", "priority",
                "correlation_id", "reply_to", "expiration", "message_id", "timestamp", "type",
                "app_id")  # not user_id: the destination checks it against its own login
+
+
+class LocalBroker:
+    """Where `amqp://` with no host goes (the plugin's direct connection): this broker's own
+    AMQP listener, logged in as the node's default user."""
+
+    def __init__(self, port: int, user: str, password: str) -> None:
+        self.port, self.user, self.password = port, user, password
+
+    def resolve(self, uri: str, vhost: str) -> str:
+        parts = urlsplit(uri)
+        if parts.hostname:
+            return uri
+        # the shovel's own vhost when the URI names none, as the plugin's direct connection
+        path = parts.path if parts.path not in ("", "/") else "/" + quote(vhost, safe="")
+        login = f"{quote(self.user, safe='')}:{quote(self.password, safe='')}"
+        netloc = f"{login}@127.0.0.1:{self.port}"
+        return urlunsplit(("amqp", netloc, path, parts.query, ""))
 
 
 class Shovel:
@@ -58,7 +76,7 @@ class Shovel:
             "name": self.name, "vhost": self.vhost, "type": "dynamic", "state": self.state,
             "timestamp": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.since)),
             "src_protocol": "amqp091", "dest_protocol": "amqp091",
-            "src_uri": redacted(d.src_uris[0]), "dest_uri": redacted(d.dest_uris[0]),
+            "src_uri": _redacted(d.src_uris[0]), "dest_uri": _redacted(d.dest_uris[0]),
             "messages_moved": self.moved,
         }
         for key, value in (("src_queue", d.src_queue), ("src_exchange", d.src_exchange),
@@ -216,3 +234,10 @@ async def _declare(url: str, ch: AbstractChannel, name: str) -> AbstractQueue:
             return await ch.declare_queue(name, durable=True)
     return await ch.declare_queue(name, passive=True)
 
+
+def _redacted(uri: str) -> str:
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
