@@ -167,15 +167,16 @@ class Federation:
     def _soon(self) -> None:
         """Once per loop turn however many changes came (a policy is reported before it is
         applied, so the turn after sees it applied)."""
-        if not self._scheduled and self._node is not None:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._reconcile)
+        if self._scheduled or self._node is None or not (self.upstreams.parsed or self.links):
+            return  # nothing to federate: a definition change costs one test here
+        self._scheduled = True
+        asyncio.get_running_loop().call_soon(self._reconcile)
 
     def _reconcile(self) -> None:
         self._scheduled = False
         node, local = self._node, self._local
-        if node is None or local is None or not (self.upstreams.parsed or self.links):
-            return  # no upstream, no link: a definition change costs nothing more
+        if node is None or local is None:
+            return
         wanted: dict[LinkKey, Upstream] = {}
         bindings: dict[LinkKey, list[tuple[str, dict[str, Any]]]] = {}
         types: dict[LinkKey, str] = {}
