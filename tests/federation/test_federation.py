@@ -521,3 +521,47 @@ async def test_a_message_routed_nowhere_downstream_is_dropped_not_sent_back(
                    and q.get("messages_unacknowledged") == 0
                    and q.get("message_stats", {}).get("ack", 0) >= 5, timeout=20)
     assert down.api("DELETE", "/api/policies/%2F/nowhere")[0] == 204
+
+
+async def test_a_queue_link_yields_to_the_upstreams_own_consumers(
+        pair: tuple[MgmtBroker, MgmtBroker]) -> None:
+    """The link consumes with priority -1: while the upstream's own consumer has room, every
+    message goes to it, even with a hungry consumer downstream."""
+    up, down = pair
+    for b in (up, down):
+        async with await aio_pika.connect(b.url) as conn:
+            await (await conn.channel()).declare_queue("fqp.work", durable=True)
+    _put(down, "federation-upstream", "upp", {"uri": up.url})
+    _policy(down, "fqp", r"^fqp\.", {"federation-upstream": "upp"}, "queues")
+    await _link(down, lambda r: r.get("queue") == "fqp.work" and r["status"] == "running")
+    downstream_got: list[bytes] = []
+    upstream_got: list[bytes] = []
+    all_upstream = asyncio.Event()
+
+    async def on_down(msg: aio_pika.abc.AbstractIncomingMessage) -> None:
+        downstream_got.append(msg.body)
+        await msg.ack()
+
+    async def on_up(msg: aio_pika.abc.AbstractIncomingMessage) -> None:
+        upstream_got.append(msg.body)
+        await msg.ack()
+        if len(upstream_got) == 20:
+            all_upstream.set()
+
+    async with await aio_pika.connect(down.url) as dconn, \
+            await aio_pika.connect(up.url) as uconn:
+        dch = await dconn.channel()
+        await (await dch.declare_queue("fqp.work", passive=True)).consume(on_down)
+        # the link consumes upstream once the downstream queue has a consumer
+        await up.until("/api/queues/%2F/fqp.work", lambda q: q.get("consumers") == 1,
+                       timeout=10)
+        uch = await uconn.channel()
+        await uch.set_qos(prefetch_count=100)
+        await (await uch.declare_queue("fqp.work", passive=True)).consume(on_up)
+        await up.until("/api/queues/%2F/fqp.work", lambda q: q.get("consumers") == 2)
+        await _publish(up.url, "", [("fqp.work", b"%d" % i) for i in range(20)])
+        async with asyncio.timeout(20):
+            await all_upstream.wait()
+    assert sorted(upstream_got) == sorted(b"%d" % i for i in range(20))
+    assert downstream_got == []
+    assert down.api("DELETE", "/api/policies/%2F/fqp")[0] == 204
