@@ -30,6 +30,7 @@ _BANNERS = {"amqp": "hare-server", "http": "hare-management", "amqp/ssl": "hare-
 
 async def run(settings: Settings, ready: asyncio.Event | None = None) -> int:
     from broker.cluster import ClusterUnavailable, NodeNameTaken
+    from broker.federation import Federation
     from broker.mgmt import Management
     from broker.node import Node
     from broker.server.listener import ListenerError
@@ -39,6 +40,7 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> int:
     node = Node(settings)
     node.add_plugin(Management())  # serves when a management listener is on
     node.add_plugin(Shovels())  # dynamic shovels, built in (RabbitMQ's shovel plugin)
+    node.add_plugin(Federation())  # federated exchanges and queues (the federation plugin)
     try:
         await node.start()
     except (ListenerError, TlsError, NodeNameTaken, ClusterUnavailable) as exc:

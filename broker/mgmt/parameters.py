@@ -41,6 +41,14 @@ def _component(request: web.Request, name: str | None = None) -> ParameterCompon
     return component
 
 
+async def federation_links(request: web.Request) -> web.Response:
+    """/api/federation-links[/{vhost}]: the federation plugin's links (broker/federation),
+    which its `federation-upstream` component's status() lists."""
+    vhosts = await _visible(request)
+    return json_response([s for s in _component(request, "federation-upstream").status()
+                          if s["vhost"] in vhosts])
+
+
 async def _visible(request: web.Request) -> set[str]:
     wanted = request.match_info.get("vhost")
     if wanted is not None:
@@ -102,6 +110,8 @@ async def shovel_delete(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     m, p = Need.MANAGEMENT, Need.POLICYMAKER
     base = "/api/parameters/{component}"
+    add_route(app, "GET", "/api/federation-links", federation_links, m)
+    add_route(app, "GET", "/api/federation-links/{vhost}", federation_links, m)
     add_route(app, "GET", base, parameters_list, m)
     add_route(app, "GET", base + "/{vhost}", parameters_list, m)
     add_route(app, "GET", base + "/{vhost}/{name}", parameter_one, m)
