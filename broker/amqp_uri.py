@@ -1,15 +1,17 @@
-"""AMQP URIs as the plugins that are AMQP clients of brokers take them: a URI or a list of
-them, `amqp://` with no host meaning this broker, URIs shown without credentials. Plain code,
-below every plugin, so no plugin imports another. The federation plugin uses it; the shovel
-plugin still has its own copy (broker/shovel/worker.py, definition.py), left alone while its
-URI handling is being reworked on another branch (logins as the defining user), to be joined
-here once both are merged."""
+"""AMQP URIs as the plugins that are AMQP clients of brokers (shovel, federation) take them: a
+URI or a list of them, checked as RabbitMQ's amqp_uri parser would; a URI that names this
+broker (`amqp://` with no host, or this node's port on loopback with no credentials) logged
+in as a given user through the node's direct secret; URIs shown without their secrets. Plain
+code, below every plugin, so no plugin imports another."""
 
 from __future__ import annotations
 
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-__all__ = ["LocalBroker", "UriInvalid", "parse_uris", "without_credentials"]
+__all__ = ["LocalBroker", "UriInvalid", "parse_uris", "redacted", "uri_vhost",
+           "without_credentials"]
+
+_LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
 class UriInvalid(ValueError):
@@ -17,32 +19,77 @@ class UriInvalid(ValueError):
 
 
 def parse_uris(raw: object, key: str) -> tuple[str, ...]:
-    """The plugins' `uri` keys: one `amqp://` / `amqps://` URI or a non-empty list of them."""
+    """A plugin's URI key: one `amqp://` / `amqps://` URI or a non-empty list of them, each
+    one RabbitMQ's parser would take (the texts are the shovel plugin's)."""
     uris = [raw] if isinstance(raw, str) else raw
     if not isinstance(uris, list) or not uris or not all(isinstance(u, str) for u in uris):
         raise UriInvalid(f"{key}: a URI or a non-empty list of URIs is required")
     for uri in uris:
-        if urlsplit(uri).scheme not in ("amqp", "amqps"):
-            raise UriInvalid(f"{key}: {uri!r} is not an amqp:// or amqps:// URI")
+        problem = _uri_problem(uri)
+        if problem:
+            raise UriInvalid(f'{key}: "{uri}" not a valid URI: {problem}')
     return tuple(uris)
 
 
-class LocalBroker:
-    """Where `amqp://` with no host goes (the plugins' direct connection): this broker's own
-    AMQP listener, logged in as the node's default user."""
-
-    def __init__(self, port: int, user: str, password: str) -> None:
-        self.port, self.user, self.password = port, user, password
-
-    def resolve(self, uri: str, vhost: str) -> str:
+def _uri_problem(uri: str) -> str | None:
+    """What amqp_uri:parse would refuse: another scheme, a port that is no port, a broken
+    host. Query parameters are left to the client."""
+    try:
         parts = urlsplit(uri)
-        if parts.hostname:
+        port = parts.port  # raises on a port that is no number or out of range
+    except ValueError as exc:
+        return str(exc)
+    if parts.scheme not in ("amqp", "amqps"):
+        return f"unexpected URI scheme {parts.scheme!r} (amqp or amqps)"
+    if port == 0:
+        return "port 0"
+    if parts.path.count("/") > 1:
+        return "the vhost must be one path segment (%2F for /)"
+    return None
+
+
+def uri_vhost(uri: str, default: str) -> str:
+    """The vhost a URI names; `default` when it names none."""
+    return unquote(urlsplit(uri).path[1:]) or default
+
+
+class LocalBroker:
+    """Where a URI naming this broker goes: `amqp://` with no host (the plugins' direct
+    connection) or this node's own AMQP port on loopback with no credentials. The client
+    connects to this broker's listener logged in as the user it acts for through the node's
+    direct secret (AccessControl.direct_secret), so that user's permissions apply to
+    everything it reads and writes, as RabbitMQ's direct connections for a user do."""
+
+    def __init__(self, port: int, secret: str) -> None:
+        self.port, self.secret = port, secret
+
+    def is_local(self, uri: str) -> bool:
+        parts = urlsplit(uri)
+        if not parts.hostname:
+            return True
+        default_port = 5671 if parts.scheme == "amqps" else 5672
+        return (parts.username is None and parts.scheme == "amqp"
+                and parts.hostname in _LOOPBACK and (parts.port or default_port) == self.port)
+
+    def resolve(self, uri: str, vhost: str, user: str) -> str:
+        """The URL to connect with: `uri` itself unless it names this broker."""
+        if not self.is_local(uri):
             return uri
+        parts = urlsplit(uri)
         # the plugin's own vhost when the URI names none, as the plugin's direct connection
         path = parts.path if parts.path not in ("", "/") else "/" + quote(vhost, safe="")
-        login = f"{quote(self.user, safe='')}:{quote(self.password, safe='')}"
+        login = f"{quote(user, safe='')}:{quote(self.secret, safe='')}"
         netloc = f"{login}@127.0.0.1:{self.port}"
         return urlunsplit(("amqp", netloc, path, parts.query, ""))
+
+
+def redacted(uri: str) -> str:
+    """The URI with its password as `***` (the shovel plugin's status)."""
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def without_credentials(uri: str) -> str:

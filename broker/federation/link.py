@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import aio_pika
 import structlog
@@ -32,7 +32,7 @@ from aio_pika.abc import (
 )
 from aiormq.exceptions import ChannelNotFoundEntity
 
-from broker.amqp_uri import LocalBroker, without_credentials
+from broker.amqp_uri import LocalBroker, uri_vhost, without_credentials
 from broker.federation.upstream import (
     BINDING_HEADER,
     ROUTING_HEADER,
@@ -69,9 +69,9 @@ class Link:
     kind = ""
 
     def __init__(self, vhost: str, name: str, upstream: Upstream, node: str,
-                 local: LocalBroker) -> None:
+                 local: LocalBroker, *, user: str) -> None:
         self.vhost, self.name, self.upstream, self.node = vhost, name, upstream, node
-        self._local = local
+        self._local, self.user = local, user
         self.status = "starting"
         self.error: str | None = None
         self.since = time.time()
@@ -145,7 +145,7 @@ class Link:
         up = await self._connect_upstream()
         try:
             down = await aio_pika.connect(
-                self._local.resolve("amqp://", self.vhost), timeout=10,
+                self._local.resolve("amqp://", self.vhost, self.user), timeout=10,
                 client_properties={"connection_name":
                                    f"Federation link (downstream) {self.upstream.name}"})
         except BaseException:
@@ -165,7 +165,7 @@ class Link:
     async def _connect_upstream(self) -> AbstractConnection:
         error: Exception | None = None
         for uri in self.upstream.uris:  # the plugin's list of URIs: the first that answers
-            url = self._local.resolve(uri, self.vhost)
+            url = self._local.resolve(uri, self.vhost, self.user)
             parts = urlsplit(url)
             if parts.path in ("", "/"):  # no vhost named: the downstream's, as the plugin
                 url = urlunsplit(parts._replace(path="/" + quote(self.vhost, safe="")))
@@ -176,7 +176,7 @@ class Link:
                 error = exc
                 continue
             self.uri, self._url = uri, url
-            self.upstream_vhost = unquote(urlsplit(url).path[1:])
+            self.upstream_vhost = uri_vhost(url, self.vhost)
             props = conn.transport.connection.server_properties if conn.transport else {}
             name = props.get("cluster_name")
             self.upstream_name = name.decode() if isinstance(name, bytes) else str(
@@ -300,8 +300,8 @@ class ExchangeLink(Link):
     kind = "exchange"
 
     def __init__(self, vhost: str, name: str, upstream: Upstream, node: str,
-                 local: LocalBroker, exchange_type: str) -> None:
-        super().__init__(vhost, name, upstream, node, local)
+                 local: LocalBroker, exchange_type: str, *, user: str) -> None:
+        super().__init__(vhost, name, upstream, node, local, user=user)
         self.exchange_type = exchange_type
         self._bindings: list[tuple[str, dict[str, Any]]] = []  # the downstream exchange's
         self._changed = asyncio.Event()
@@ -416,8 +416,8 @@ class QueueLink(Link):
     kind = "queue"
 
     def __init__(self, vhost: str, name: str, upstream: Upstream, node: str,
-                 local: LocalBroker, demand: Callable[[], bool]) -> None:
-        super().__init__(vhost, name, upstream, node, local)
+                 local: LocalBroker, demand: Callable[[], bool], *, user: str) -> None:
+        super().__init__(vhost, name, upstream, node, local, user=user)
         self._demand = demand  # the downstream queue has consumers and no messages
 
     @property

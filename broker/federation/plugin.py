@@ -119,7 +119,7 @@ class Federation:
         s = node.settings
         self._node = node
         self._path = Path(s.data_dir) / FILE
-        self._local = LocalBroker(node.port, s.default_user, s.default_pass)
+        self._local = LocalBroker(node.port, node.auth.direct_secret)
         for component in (self.upstreams, self.sets):
             node.parameter_components[component.name] = component
         for record in self._load():
@@ -211,10 +211,12 @@ class Federation:
             else:
                 kind, vname, name, _ = key
                 if kind == "exchange":
-                    link = ExchangeLink(vname, name, upstream, node.name, local, types[key])
+                    link = ExchangeLink(vname, name, upstream, node.name, local, types[key],
+                                        user=node.settings.default_user)
                 else:
                     link = QueueLink(vname, name, upstream, node.name, local,
-                                     self._demand(vname, name))
+                                     self._demand(vname, name),
+                                     user=node.settings.default_user)
                 self.links[key] = link
                 link.start()
             if isinstance(link, ExchangeLink):

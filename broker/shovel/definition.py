@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
+from broker.amqp_uri import UriInvalid, parse_uris
 from broker.config import ConfigError, ShovelSpec
 
 __all__ = ["ACK_MODES", "ParameterInvalid", "ShovelDefinition", "check_static",
@@ -49,32 +49,10 @@ class ShovelDefinition:
 
 
 def _uris(value: dict[str, Any], key: str) -> tuple[str, ...]:
-    raw = value.get(key)
-    uris = [raw] if isinstance(raw, str) else raw
-    if not isinstance(uris, list) or not uris or not all(isinstance(u, str) for u in uris):
-        raise ParameterInvalid(f"{key}: a URI or a non-empty list of URIs is required")
-    for uri in uris:
-        problem = _uri_problem(uri)
-        if problem:
-            raise ParameterInvalid(f'{key}: "{uri}" not a valid URI: {problem}')
-    return tuple(uris)
-
-
-def _uri_problem(uri: str) -> str | None:
-    """What amqp_uri:parse would refuse: another scheme, a port that is no port, a broken
-    host. Query parameters are left to the client."""
     try:
-        parts = urlsplit(uri)
-        port = parts.port  # raises on a port that is no number or out of range
-    except ValueError as exc:
-        return str(exc)
-    if parts.scheme not in ("amqp", "amqps"):
-        return f"unexpected URI scheme {parts.scheme!r} (amqp or amqps)"
-    if port == 0:
-        return "port 0"
-    if parts.path.count("/") > 1:
-        return "the vhost must be one path segment (%2F for /)"
-    return None
+        return parse_uris(value.get(key), key)
+    except UriInvalid as exc:
+        raise ParameterInvalid(str(exc)) from None
 
 
 def _str(value: dict[str, Any], key: str) -> str | None:

@@ -14,12 +14,12 @@ import os
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlsplit
 
 import structlog
 
+from broker.amqp_uri import LocalBroker, uri_vhost
 from broker.shovel.definition import ParameterInvalid, check_static, parse_definition
-from broker.shovel.worker import LocalBroker, Shovel
+from broker.shovel.worker import Shovel
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -133,7 +133,7 @@ class Shovels:
         assert self._local is not None and self._node is not None
         for uri in uris:
             if self._local.is_local(uri):
-                path = unquote(urlsplit(uri).path[1:]) or vhost
+                path = uri_vhost(uri, vhost)
                 if path not in self._node.vhosts:
                     raise ParameterInvalid(f'user "{user}" may not connect to vhost "{path}"')
 

@@ -12,7 +12,6 @@ import copy
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
 
 import aio_pika
 import structlog
@@ -21,45 +20,14 @@ from aiormq import Channel as RawChannel
 from aiormq.abc import DeliveredMessage
 from aiormq.exceptions import ChannelNotFoundEntity, DeliveryError
 
+from broker.amqp_uri import LocalBroker, redacted
 from broker.shovel.definition import ShovelDefinition
 
-__all__ = ["LocalBroker", "Shovel"]
+__all__ = ["Shovel"]
 
 log = structlog.get_logger("hare.shovel")
 
 MAX_BACKOFF_S = 30.0
-
-
-class LocalBroker:
-    """Where a URI naming this broker goes: `amqp://` with no host (the plugin's direct
-    connection) or this node's own AMQP port on loopback with no credentials. The shovel
-    connects to this broker's listener logged in as its user through the node's direct
-    secret (AccessControl.direct_secret), so the user's permissions apply to everything it
-    reads and writes, as the plugin's direct connections do."""
-
-    def __init__(self, port: int, secret: str) -> None:
-        self.port, self.secret = port, secret
-
-    def is_local(self, uri: str) -> bool:
-        parts = urlsplit(uri)
-        if not parts.hostname:
-            return True
-        default_port = 5671 if parts.scheme == "amqps" else 5672
-        return (parts.username is None and parts.scheme == "amqp"
-                and parts.hostname in _LOOPBACK and (parts.port or default_port) == self.port)
-
-    def resolve(self, uri: str, vhost: str, user: str) -> str:
-        if not self.is_local(uri):
-            return uri
-        parts = urlsplit(uri)
-        # the shovel's own vhost when the URI names none, as the plugin's direct connection
-        path = parts.path if parts.path not in ("", "/") else "/" + quote(vhost, safe="")
-        login = f"{quote(user, safe='')}:{quote(self.secret, safe='')}"
-        netloc = f"{login}@127.0.0.1:{self.port}"
-        return urlunsplit(("amqp", netloc, path, parts.query, ""))
-
-
-_LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
 class Shovel:
@@ -96,7 +64,7 @@ class Shovel:
             "state": self.state,
             "timestamp": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.since)),
             "src_protocol": "amqp091", "dest_protocol": "amqp091",
-            "src_uri": _redacted(d.src_uris[0]), "dest_uri": _redacted(d.dest_uris[0]),
+            "src_uri": redacted(d.src_uris[0]), "dest_uri": redacted(d.dest_uris[0]),
             "messages_moved": self.moved,
         }
         if not self.static:  # the plugin's static shovels belong to no vhost
@@ -269,10 +237,3 @@ async def _declare(url: str, ch: AbstractChannel, name: str) -> AbstractQueue:
             return await ch.declare_queue(name, durable=True)
     return await ch.declare_queue(name, passive=True)
 
-
-def _redacted(uri: str) -> str:
-    parts = urlsplit(uri)
-    if parts.password is None:
-        return uri
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))

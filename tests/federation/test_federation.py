@@ -211,7 +211,11 @@ async def test_queue_federation_moves_messages_to_the_consuming_side_only(
 
 @pytest.mark.parametrize(("component", "value", "reason"), [
     ("federation-upstream", {"prefetch-count": 5}, "uri"),
-    ("federation-upstream", {"uri": "http://x"}, "amqp://"),
+    ("federation-upstream", {"uri": "http://x"}, 'uri: "http://x" not a valid URI'),
+    # checked as RabbitMQ's URI parser would, as for shovels (broker/amqp_uri.py)
+    ("federation-upstream", {"uri": "amqp://h:99999"}, 'uri: "amqp://h:99999" not a valid URI'),
+    ("federation-upstream", {"uri": ["amqp://", "amqp://h/a/b"]}, "one path segment"),
+    ("federation-upstream-set", [{"upstream": "a", "uri": "amqp://h:port"}], "not a valid URI"),
     ("federation-upstream", {"uri": "amqp://", "max-hops": "two"}, "max-hops"),
     ("federation-upstream", {"uri": "amqp://", "max-hops": 0}, "max-hops"),
     ("federation-upstream", {"uri": "amqp://", "ack-mode": "sometimes"}, "ack-mode"),
@@ -477,7 +481,8 @@ async def test_reconnect_backoff_doubles_and_restarts_after_a_session_that_ran(
     starts the backoff afresh for the next failure only. The reconnect policy alone: the
     session and the clock are stand-ins, no broker is involved."""
     upstream = parse_upstream("u", {"uri": "amqp://", "reconnect-delay": 4})
-    link = ExchangeLink("/", "x", upstream, "n", LocalBroker(1, "u", "p"), "topic")
+    link = ExchangeLink("/", "x", upstream, "n", LocalBroker(1, "secret"), "topic",
+                        user="u")
     reached = [False, False, False, True, False, False, False, False]
     sleeps: list[float] = []
 

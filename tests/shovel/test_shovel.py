@@ -12,8 +12,9 @@ from typing import Any
 import aio_pika
 import pytest
 
+from broker.amqp_uri import LocalBroker
 from broker.shovel.definition import parse_definition
-from broker.shovel.worker import LocalBroker, Shovel
+from broker.shovel.worker import Shovel
 from tests.conftest import BrokerProc
 from tests.mgmt.helpers import MgmtBroker, free_port
 
