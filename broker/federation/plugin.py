@@ -8,7 +8,8 @@ Which links run is worked out again, whole, one loop turn after any definition c
 upstream or set change: every exchange and queue whose policy names an upstream (or a set, or
 `all`) gets one link per upstream; exchange links are told the exchange's bindings. A turn
 costs a walk over the vhosts' exchanges and queues, not a message. Parameters are kept in
-federation.json in the data directory, as the shovel plugin keeps shovels.json."""
+federation.json in the data directory, as the shovel plugin keeps shovels.json, each with the
+user who defined it: an upstream's links act on this broker as that user."""
 
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ class _Component:
         self.plugin, self.name, self._parse = plugin, name, parse
         self.values: dict[tuple[str, str], Any] = {}  # (vhost, name) -> the value as given
         self.parsed: dict[tuple[str, str], Any] = {}
+        self.users: dict[tuple[str, str], str] = {}  # who defined each: links act as them
 
     def parameters(self) -> list[dict[str, object]]:
         return [{"vhost": v, "component": self.name, "name": n, "value": value}
@@ -66,7 +68,7 @@ class _Component:
     def put(self, vhost: str, name: str, value: object, user: str | None) -> bool:
         try:
             self.plugin.check_vhost(vhost)
-            created = self.set(vhost, name, value)
+            created = self.set(vhost, name, value, user or self.plugin.default_user())
         except ParameterInvalid as exc:
             log.warning("federation parameter refused", component=self.name, vhost=vhost,
                         name=name, user=user, reason=str(exc))
@@ -74,16 +76,18 @@ class _Component:
         self.plugin.changed()
         return created
 
-    def set(self, vhost: str, name: str, value: object) -> bool:
+    def set(self, vhost: str, name: str, value: object, user: str) -> bool:
         parsed = self._parse(name, value)  # raises before anything changes
         created = (vhost, name) not in self.values
         self.values[(vhost, name)], self.parsed[(vhost, name)] = value, parsed
+        self.users[(vhost, name)] = user
         return created
 
     def delete(self, vhost: str, name: str) -> bool:
         if self.values.pop((vhost, name), None) is None:
             return False
         self.parsed.pop((vhost, name), None)
+        self.users.pop((vhost, name), None)
         self.plugin.changed()
         return True
 
@@ -93,6 +97,7 @@ class _Component:
         for key in gone:
             del self.values[key]
             self.parsed.pop(key, None)
+            self.users.pop(key, None)
         return bool(gone)
 
     def status(self) -> list[dict[str, object]]:
@@ -125,7 +130,9 @@ class Federation:
         for record in self._load():
             component = self.upstreams if record.get("component") == UPSTREAM else self.sets
             try:
-                component.set(record["vhost"], record["name"], record["value"])
+                # records from before users were kept act as the default user
+                component.set(record["vhost"], record["name"], record["value"],
+                              record.get("user") or s.default_user)
             except (ParameterInvalid, KeyError) as exc:
                 log.error("stored federation parameter not loaded", record=record,
                           reason=str(exc))
@@ -142,6 +149,11 @@ class Federation:
         await asyncio.gather(*(link.stop() for link in links), *self._stopping)
 
     # -- what the components call -----------------------------------------------------------
+    def default_user(self) -> str:
+        """Whom a parameter set by no user (none is known) acts as."""
+        assert self._node is not None  # components are registered only once started
+        return self._node.settings.default_user
+
     def check_vhost(self, vhost: str) -> None:
         if self._node is not None and vhost not in self._node.vhosts:
             raise ParameterInvalid(f"no vhost '{vhost}'")
@@ -177,7 +189,7 @@ class Federation:
         node, local = self._node, self._local
         if node is None or local is None:
             return
-        wanted: dict[LinkKey, Upstream] = {}
+        wanted: dict[LinkKey, tuple[Upstream, str]] = {}  # the upstream and who defined it
         bindings: dict[LinkKey, list[tuple[str, dict[str, Any]]]] = {}
         types: dict[LinkKey, str] = {}
         for vhost in node.vhosts.values():
@@ -185,26 +197,26 @@ class Federation:
                 if ex.name == "" or _INTERNAL in (ex.arguments or {}):
                     continue
                 definition = ex.policy.definition if ex.policy is not None else None
-                for upstream in self._upstreams_for(vhost, definition):
-                    key = ("exchange", vhost.name, ex.name, upstream.name)
-                    wanted[key], types[key] = upstream, ex.type
+                for entry in self._upstreams_for(vhost, definition):
+                    key = ("exchange", vhost.name, ex.name, entry[0].name)
+                    wanted[key], types[key] = entry, ex.type
                     bindings[key] = [(b.routing_key, b.arguments_dict()) for b in ex.bindings()]
             for q in vhost.queues.values():
                 policy = q.args.applied.policy
                 if _INTERNAL in q.arguments or q.exclusive_owner is not None:
                     continue
                 definition = policy.definition if policy is not None else None
-                for upstream in self._upstreams_for(vhost, definition):
-                    wanted[("queue", vhost.name, q.name, upstream.name)] = upstream
+                for entry in self._upstreams_for(vhost, definition):
+                    wanted[("queue", vhost.name, q.name, entry[0].name)] = entry
         for key, link in list(self.links.items()):
             if key not in wanted:  # for good: what it declared upstream goes too
                 del self.links[key]
                 self._stop(link, cleanup=True)
-            elif wanted[key] != link.upstream or (
+            elif wanted[key] != (link.upstream, link.user) or (
                     isinstance(link, ExchangeLink) and link.exchange_type != types[key]):
                 del self.links[key]  # restarted with its new upstream keys: nothing lost
                 self._stop(link, cleanup=False)
-        for key, upstream in wanted.items():
+        for key, (upstream, user) in wanted.items():
             found = self.links.get(key)
             if found is not None:
                 link = found
@@ -212,19 +224,21 @@ class Federation:
                 kind, vname, name, _ = key
                 if kind == "exchange":
                     link = ExchangeLink(vname, name, upstream, node.name, local, types[key],
-                                        user=node.settings.default_user)
+                                        user=user)
                 else:
                     link = QueueLink(vname, name, upstream, node.name, local,
                                      self._demand(vname, name),
-                                     user=node.settings.default_user)
+                                     user=user)
                 self.links[key] = link
                 link.start()
             if isinstance(link, ExchangeLink):
                 link.set_bindings(bindings[key])
 
     def _upstreams_for(self, vhost: VHost, definition: Mapping[str, Any] | None
-                       ) -> list[Upstream]:
-        """The upstreams a policy names: one, a set's members, or every one of the vhost."""
+                       ) -> list[tuple[Upstream, str]]:
+        """The upstreams a policy names: one, a set's members, or every one of the vhost;
+        each with the user who defined it (a set member's too: the upstream's, not the
+        set's), whom its links act as on this broker."""
         if not definition:
             return []
         name, set_name = definition.get(UPSTREAM), definition.get(UPSTREAM_SET)
@@ -237,11 +251,12 @@ class Federation:
             members = self.sets.parsed.get((vhost.name, set_name), [])
         else:
             return []
-        out: list[Upstream] = []
+        out: list[tuple[Upstream, str]] = []
         for member in members:
-            base = self.upstreams.parsed.get((vhost.name, member["upstream"]))
+            key = (vhost.name, member["upstream"])
+            base = self.upstreams.parsed.get(key)
             if base is not None:  # a set may name an upstream not defined (yet): skipped
-                out.append(with_overrides(base, member))
+                out.append((with_overrides(base, member), self.upstreams.users[key]))
         return out
 
     def _demand(self, vhost: str, name: str) -> Callable[[], bool]:
@@ -270,7 +285,8 @@ class Federation:
     def _save(self) -> None:
         if self._path is None:
             return
-        records = [{"component": c.name, "vhost": v, "name": n, "value": value}
+        records = [{"component": c.name, "vhost": v, "name": n, "value": value,
+                    "user": c.users.get((v, n))}
                    for c in (self.upstreams, self.sets)
                    for (v, n), value in sorted(c.values.items())]
         tmp = self._path.with_suffix(".tmp")
