@@ -14,8 +14,6 @@ user who defined it: an upstream's links act on this broker as that user."""
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +29,7 @@ from broker.federation.upstream import (
     parse_upstream_set,
     with_overrides,
 )
+from broker.store.plugin_records import load_records, save_records
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -127,7 +126,7 @@ class Federation:
         self._local = LocalBroker(node.port, node.auth.direct_secret)
         for component in (self.upstreams, self.sets):
             node.parameter_components[component.name] = component
-        for record in self._load():
+        for record in load_records(self._path):
             component = self.upstreams if record.get("component") == UPSTREAM else self.sets
             try:
                 # records from before users were kept act as the default user
@@ -274,14 +273,6 @@ class Federation:
         task.add_done_callback(self._stopping.discard)
 
     # -- the file ---------------------------------------------------------------------------
-    def _load(self) -> list[dict[str, Any]]:
-        assert self._path is not None
-        try:
-            records = json.loads(self._path.read_text())
-        except FileNotFoundError:
-            return []
-        return records if isinstance(records, list) else []
-
     def _save(self) -> None:
         if self._path is None:
             return
@@ -289,6 +280,4 @@ class Federation:
                     "user": c.users.get((v, n))}
                    for c in (self.upstreams, self.sets)
                    for (v, n), value in sorted(c.values.items())]
-        tmp = self._path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(records))
-        os.replace(tmp, self._path)  # a crash leaves the old file or the new one, never half
+        save_records(self._path, records)

@@ -9,8 +9,6 @@ the node starts): started with the node, shown in /api/shovels, never stored nor
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +18,7 @@ import structlog
 from broker.amqp_uri import LocalBroker, uri_vhost
 from broker.shovel.definition import ParameterInvalid, check_static, parse_definition
 from broker.shovel.worker import Shovel
+from broker.store.plugin_records import load_records, save_records
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -60,7 +59,7 @@ class Shovels:
                             user=s.default_user, static=True)
             self._static[name] = shovel
             shovel.start()
-        for record in self._load():
+        for record in load_records(self._path):
             try:
                 self._apply(record["vhost"], record["name"], record["value"],
                             record.get("user") or s.default_user)
@@ -149,22 +148,12 @@ class Shovels:
         log.info("shovel done, deleted", vhost=shovel.vhost, shovel=shovel.name,
                  moved=shovel.moved)
 
-    def _load(self) -> list[dict[str, Any]]:
-        assert self._path is not None
-        try:
-            records = json.loads(self._path.read_text())
-        except FileNotFoundError:
-            return []
-        return records if isinstance(records, list) else []
-
     def _save(self) -> None:
         if self._path is None:
             return
         records = [{"vhost": v, "name": n, "value": value, "user": self._users.get((v, n))}
                    for (v, n), value in sorted(self._values.items())]
-        tmp = self._path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(records))
-        os.replace(tmp, self._path)  # a crash leaves the old file or the new one, never half
+        save_records(self._path, records)
 
 
 _tasks: set[asyncio.Task[None]] = set()
