@@ -13,7 +13,6 @@ import pytest
 
 from tests.federation.test_federation import (
     _declare,
-    _depth,
     _link,
     _policy,
     _publish,
@@ -21,6 +20,7 @@ from tests.federation.test_federation import (
     _upstream_keys,
 )
 from tests.mgmt.helpers import MgmtBroker
+from tests.plugin_helpers import queue_depth
 
 pytestmark = pytest.mark.asyncio
 
@@ -80,7 +80,7 @@ async def test_an_exchange_the_user_may_not_write_is_refused_and_shown(
     row = await _link(down, lambda r: r["upstream"] == "sneaky" and "access to exchange "
                       "'locked.fx'" in r.get("error", ""))
     assert "ACCESS_REFUSED" in row["error"] and USER in row["error"], row
-    assert await _depth(down.url, "locked.fq") == 0  # nothing moved
+    assert await queue_depth(down.url, "locked.fq") == 0  # nothing moved
     # the same upstream defined by guest, who may write there: the message kept upstream
     # (refused, so not acked) arrives
     _define(down, "sneaky", {"uri": uri, "reconnect-delay": 1}, as_user=False)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from broker.federation.link import ExchangeLink
 from broker.federation.upstream import parse_upstream
 from tests.conftest import BrokerProc
 from tests.mgmt.helpers import MgmtBroker, free_port
+from tests.plugin_helpers import queue_depth, rabbitmq_answers
 from tests.test_ctl import ctl
 
 pytestmark = pytest.mark.asyncio
@@ -98,11 +98,6 @@ async def _take(url: str, queue: str, until: bytes | int, timeout: float = 30.0
                     break
     return got
 
-
-async def _depth(url: str, queue: str) -> int:
-    async with await aio_pika.connect(url) as conn:
-        q = await (await conn.channel()).declare_queue(queue, passive=True)
-        return q.declaration_result.message_count or 0
 
 
 async def test_exchange_federation_delivers_and_bindings_follow(
@@ -197,15 +192,16 @@ async def test_queue_federation_moves_messages_to_the_consuming_side_only(
     assert row["upstream_queue"] == "fq.work"
     # no consumer downstream: the messages stay where they are
     await up.until("/api/queues/%2F/fq.work", lambda q: q.get("consumers") == 0)
-    assert await _depth(up.url, "fq.work") == 20 and await _depth(down.url, "fq.work") == 0
+    assert await queue_depth(up.url, "fq.work") == 20
+    assert await queue_depth(down.url, "fq.work") == 0
     got = await _take(down.url, "fq.work", 20)
     assert sorted(m.body for m in got) == sorted(bodies)
     assert got[0].headers["x-received-from"][0]["queue"] == "fq.work"
-    assert await _depth(up.url, "fq.work") == 0
+    assert await queue_depth(up.url, "fq.work") == 0
     # the downstream consumer gone, the link stops fetching: new messages stay upstream
     await up.until("/api/queues/%2F/fq.work", lambda q: q.get("consumers") == 0, timeout=10)
     await _publish(up.url, "", [("fq.work", b"stays")])
-    assert await _depth(up.url, "fq.work") == 1
+    assert await queue_depth(up.url, "fq.work") == 1
     assert down.api("DELETE", "/api/policies/%2F/fq")[0] == 204
 
 
@@ -344,15 +340,8 @@ async def test_federation_status_verb(pair: tuple[MgmtBroker, MgmtBroker]) -> No
     assert down.api("DELETE", "/api/parameters/federation-upstream/%2F/ctl-down")[0] == 204
 
 
-def _rabbitmq_answers() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 5672), timeout=1):
-            return True
-    except OSError:
-        return False
 
-
-@pytest.mark.skipif(not _rabbitmq_answers(), reason="no RabbitMQ answers on 127.0.0.1:5672")
+@pytest.mark.skipif(not rabbitmq_answers(), reason="no RabbitMQ answers on 127.0.0.1:5672")
 async def test_federates_an_exchange_of_rabbitmq(pair: tuple[MgmtBroker, MgmtBroker]) -> None:
     """RabbitMQ as the upstream: what the link declares there is what RabbitMQ accepts."""
     _, down = pair

@@ -11,7 +11,8 @@ import aio_pika
 import pytest
 
 from tests.mgmt.helpers import MgmtBroker
-from tests.shovel.test_shovel import _depth, _drain, _publish, _state, _until_depth
+from tests.plugin_helpers import queue_depth
+from tests.shovel.test_shovel import _drain, _publish, _state, _until_depth
 
 pytestmark = pytest.mark.asyncio
 
@@ -58,7 +59,7 @@ async def test_a_source_the_user_may_not_read_is_refused_and_shown(hare: MgmtBro
     row = await _state(hare, "sneaky", lambda r: r["state"] == "terminated" and "reason" in r)
     assert "ACCESS_REFUSED" in row["reason"] and "secret.src" in row["reason"], row
     assert USER in row["reason"]
-    assert await _depth(hare.url, "secret.src") == 1  # nothing moved, nothing lost
+    assert await queue_depth(hare.url, "secret.src") == 1  # nothing moved, nothing lost
     # the same definition by guest, who may read it, moves it
     assert hare.api("PUT", "/api/parameters/shovel/%2F/sneaky", {"value": {
         "src-uri": "amqp://", "src-queue": "secret.src", "dest-uri": "amqp://",

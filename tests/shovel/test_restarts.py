@@ -18,7 +18,8 @@ import aio_pika
 import pytest
 
 from tests.mgmt.helpers import MgmtBroker
-from tests.shovel.test_shovel import _depth, _shovel, _state
+from tests.plugin_helpers import queue_depth
+from tests.shovel.test_shovel import _shovel, _state
 
 pytestmark = pytest.mark.asyncio
 
@@ -41,10 +42,10 @@ async def _all_bodies(url: str, queue: str, at_least: int, timeout: float = 120.
                       ) -> list[bytes]:
     """Everything in the queue once it holds at least `at_least` and stops growing."""
     async with asyncio.timeout(timeout):
-        while await _depth(url, queue) < at_least:
+        while await queue_depth(url, queue) < at_least:
             await asyncio.sleep(0.2)
         last = -1
-        while (depth := await _depth(url, queue)) != last:  # late duplicates land too
+        while (depth := await queue_depth(url, queue)) != last:  # late duplicates land too
             last = depth
             await asyncio.sleep(1.0)
     got: list[bytes] = []
@@ -58,7 +59,7 @@ async def _all_bodies(url: str, queue: str, at_least: int, timeout: float = 120.
 
 async def _depth_or_0(url: str, queue: str) -> int:
     try:
-        return await _depth(url, queue)
+        return await queue_depth(url, queue)
     except aio_pika.exceptions.ChannelNotFoundEntity:  # the shovel has not declared it yet
         return 0
 
@@ -100,7 +101,7 @@ async def test_source_killed_and_restarted(tmp_path: Path) -> None:
         src.start()
         await _state(dest, "pull", lambda r: r["state"] == "running", timeout=60)
         _check(await _all_bodies(dest.url, "rs.q", COUNT), "source killed")
-        assert await _depth(src.url, "rs.q") == 0
+        assert await queue_depth(src.url, "rs.q") == 0
     finally:
         dest.stop()
         src.stop()
@@ -117,7 +118,7 @@ async def test_destination_killed_and_restarted(tmp_path: Path) -> None:
         dest.start()
         await _state(src, "push", lambda r: r["state"] == "running", timeout=60)
         _check(await _all_bodies(dest.url, "rd.q", COUNT), "destination killed")
-        assert await _depth(src.url, "rd.q") == 0
+        assert await queue_depth(src.url, "rd.q") == 0
     finally:
         src.stop()
         dest.stop()

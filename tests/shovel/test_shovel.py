@@ -4,7 +4,6 @@ moving messages between queues of real brokers with aio-pika clients on both end
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from broker.shovel.definition import parse_definition
 from broker.shovel.worker import Shovel
 from tests.conftest import BrokerProc
 from tests.mgmt.helpers import MgmtBroker, free_port
+from tests.plugin_helpers import queue_depth, rabbitmq_answers
 
 pytestmark = pytest.mark.asyncio
 
@@ -52,16 +52,11 @@ async def _drain(url: str, queue: str, count: int, timeout: float = 30.0) -> lis
     return got
 
 
-async def _depth(url: str, queue: str) -> int:
-    async with await aio_pika.connect(url) as conn:
-        q = await (await conn.channel()).declare_queue(queue, passive=True)
-        return q.declaration_result.message_count or 0
-
 
 async def _until_depth(url: str, queue: str, want: int, timeout: float = 10.0) -> None:
     """The last acks may land a moment after the destination has every message."""
     async with asyncio.timeout(timeout):
-        while await _depth(url, queue) != want:
+        while await queue_depth(url, queue) != want:
             await asyncio.sleep(0.05)
 
 
@@ -123,7 +118,7 @@ async def test_src_delete_after_queue_length_moves_what_was_there_then_goes(
                            "src-delete-after": "queue-length"})
     await hare.until("/api/parameters/shovel", lambda rows: not any(
         r["name"] == "once" for r in rows), timeout=20)
-    assert await _depth(hare.url, "sv.once.dest") == 100
+    assert await queue_depth(hare.url, "sv.once.dest") == 100
     assert not any(r["name"] == "once" for r in hare.get("/api/shovels"))
 
 
@@ -212,7 +207,7 @@ async def test_delete_stops_the_shovel(hare: MgmtBroker) -> None:
     await hare.until("/api/queues/%2F/sv.stop", lambda q: q.get("consumers") == 0, timeout=10)
     await _publish(hare.url, "sv.stop", [b"stays"])
     await asyncio.sleep(0.5)
-    assert await _depth(hare.url, "sv.stop") == 1
+    assert await queue_depth(hare.url, "sv.stop") == 1
     assert not any(r["name"] == "stopme" for r in hare.get("/api/shovels"))
 
 
@@ -262,15 +257,8 @@ async def test_an_unreachable_destination_shows_the_error_then_runs(
         other.stop()
 
 
-def _rabbitmq_answers() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 5672), timeout=1):
-            return True
-    except OSError:
-        return False
 
-
-@pytest.mark.skipif(not _rabbitmq_answers(), reason="no RabbitMQ answers on 127.0.0.1:5672")
+@pytest.mark.skipif(not rabbitmq_answers(), reason="no RabbitMQ answers on 127.0.0.1:5672")
 async def test_moves_a_live_queue_from_rabbitmq_into_hare(hare: MgmtBroker) -> None:
     rabbit = "amqp://guest:guest@127.0.0.1:5672/%2F"
     before = [f"before {i}".encode() for i in range(200)]
@@ -282,7 +270,7 @@ async def test_moves_a_live_queue_from_rabbitmq_into_hare(hare: MgmtBroker) -> N
         await _publish(rabbit, "hare.shovel.live", after)  # producers keep going meanwhile
         assert await _drain(hare.url, "sv.migrated", 400) == before + after
         await asyncio.sleep(0.5)
-        assert await _depth(hare.url, "sv.migrated") == 0  # nothing twice
+        assert await queue_depth(hare.url, "sv.migrated") == 0  # nothing twice
         await _until_depth(rabbit, "hare.shovel.live", 0)
     finally:
         hare.api("DELETE", "/api/parameters/shovel/%2F/migrate")
