@@ -6,6 +6,7 @@ nothing."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,32 +50,48 @@ def _define(down: MgmtBroker, name: str, value: dict[str, Any], *, as_user: bool
     assert status in (201, 204), body
 
 
+async def _federate(up: MgmtBroker, down: MgmtBroker, name: str, exchange: str,
+                    queue: str) -> str:
+    """`exchange` (bound to `queue` with "k") federated from `up` by an upstream USER
+    defines, its link running; the upstream's URI."""
+    await _declare(down.url, exchange, queue, ["k"])
+    uri = f"amqp://guest:guest@127.0.0.1:{up.port}"
+    _define(down, name, {"uri": uri, "reconnect-delay": 1}, as_user=True)
+    _policy(down, name, f"^{re.escape(exchange)}$", {"federation-upstream": name},
+            "exchanges")
+    await _link(down, lambda r: r["upstream"] == name and r["status"] == "running")
+    return uri
+
+
+async def _link_users(down: MgmtBroker, name: str) -> list[str]:
+    """Who the link's downstream connection is logged in as, once it is there."""
+    def mine(c: dict[str, Any]) -> bool:
+        return bool(c.get("client_properties", {}).get("connection_name")
+                    == f"Federation link (downstream) {name}")
+    rows = await down.until("/api/connections", lambda rows: any(mine(c) for c in rows))
+    return [c["user"] for c in rows if mine(c)]
+
+
+def _forget(down: MgmtBroker, name: str) -> None:
+    assert down.api("DELETE", f"/api/policies/%2F/{name}")[0] == 204
+    assert down.api("DELETE", f"/api/parameters/federation-upstream/%2F/{name}")[0] == 204
+
+
 async def test_a_link_connects_as_the_user_who_defined_the_upstream(
         pair: tuple[MgmtBroker, MgmtBroker]) -> None:
     up, down = pair
-    await _declare(down.url, "ok.fx", "ok.fq", ["k"])
-    _define(down, "mine", {"uri": f"amqp://guest:guest@127.0.0.1:{up.port}"}, as_user=True)
-    _policy(down, "mine", r"^ok\.fx$", {"federation-upstream": "mine"}, "exchanges")
-    await _link(down, lambda r: r["upstream"] == "mine" and r["status"] == "running")
+    await _federate(up, down, "mine", "ok.fx", "ok.fq")
     await _upstream_keys(up, "ok.fx", {"k"})
     await _publish(up.url, "ok.fx", [("k", b"allowed")])
     assert [m.body for m in await _take(down.url, "ok.fq", b"allowed")] == [b"allowed"]
-    links = [c for c in down.get("/api/connections")
-             if c.get("client_properties", {}).get("connection_name", "")
-             == "Federation link (downstream) mine"]
-    assert [c["user"] for c in links] == [USER]
-    assert down.api("DELETE", "/api/policies/%2F/mine")[0] == 204
-    assert down.api("DELETE", "/api/parameters/federation-upstream/%2F/mine")[0] == 204
+    assert await _link_users(down, "mine") == [USER]
+    _forget(down, "mine")
 
 
 async def test_an_exchange_the_user_may_not_write_is_refused_and_shown(
         pair: tuple[MgmtBroker, MgmtBroker]) -> None:
     up, down = pair
-    await _declare(down.url, "locked.fx", "locked.fq", ["k"])
-    uri = f"amqp://guest:guest@127.0.0.1:{up.port}"
-    _define(down, "sneaky", {"uri": uri, "reconnect-delay": 1}, as_user=True)
-    _policy(down, "sneaky", r"^locked\.fx$", {"federation-upstream": "sneaky"}, "exchanges")
-    await _link(down, lambda r: r["upstream"] == "sneaky" and r["status"] == "running")
+    uri = await _federate(up, down, "sneaky", "locked.fx", "locked.fq")
     await _upstream_keys(up, "locked.fx", {"k"})
     await _publish(up.url, "locked.fx", [("k", b"not for fedder")])
     row = await _link(down, lambda r: r["upstream"] == "sneaky" and "access to exchange "
@@ -86,24 +103,15 @@ async def test_an_exchange_the_user_may_not_write_is_refused_and_shown(
     _define(down, "sneaky", {"uri": uri, "reconnect-delay": 1}, as_user=False)
     got = await _take(down.url, "locked.fq", b"not for fedder")
     assert [m.body for m in got] == [b"not for fedder"]
-    assert down.api("DELETE", "/api/policies/%2F/sneaky")[0] == 204
-    assert down.api("DELETE", "/api/parameters/federation-upstream/%2F/sneaky")[0] == 204
+    _forget(down, "sneaky")
 
 
 async def test_the_defining_user_is_kept_over_a_restart(
         pair: tuple[MgmtBroker, MgmtBroker]) -> None:
     """federation.json keeps who defined each upstream, as shovels.json does."""
     up, down = pair
-    await _declare(down.url, "ok.kx", "ok.kq", ["k"])
-    _define(down, "kept", {"uri": f"amqp://guest:guest@127.0.0.1:{up.port}"}, as_user=True)
-    _policy(down, "kept", r"^ok\.kx$", {"federation-upstream": "kept"}, "exchanges")
-    await _link(down, lambda r: r["upstream"] == "kept" and r["status"] == "running")
+    await _federate(up, down, "kept", "ok.kx", "ok.kq")
     down.restart()
     await _link(down, lambda r: r["upstream"] == "kept" and r["status"] == "running")
-    links = await down.until("/api/connections", lambda rows: any(
-        c.get("client_properties", {}).get("connection_name", "")
-        == "Federation link (downstream) kept" for c in rows))
-    assert [c["user"] for c in links if c.get("client_properties", {}).get(
-        "connection_name", "") == "Federation link (downstream) kept"] == [USER]
-    assert down.api("DELETE", "/api/policies/%2F/kept")[0] == 204
-    assert down.api("DELETE", "/api/parameters/federation-upstream/%2F/kept")[0] == 204
+    assert await _link_users(down, "kept") == [USER]
+    _forget(down, "kept")
