@@ -115,3 +115,20 @@ async def test_the_defining_user_is_kept_over_a_restart(
     await _link(down, lambda r: r["upstream"] == "kept" and r["status"] == "running")
     assert await _link_users(down, "kept") == [USER]
     _forget(down, "kept")
+
+
+async def test_an_upstream_uri_naming_this_broker_logs_in_as_that_user_too(
+        pair: tuple[MgmtBroker, MgmtBroker]) -> None:
+    """This node's port on loopback with no credentials is `amqp://`: the user's login, not
+    guest's, so what the link declares upstream is checked against the user's rights (here
+    it may configure nothing)."""
+    _, down = pair
+    await _declare(down.url, "ok.src", "ok.unused", [])
+    await _declare(down.url, "ok.lx", "ok.lq", ["k"])
+    _define(down, "self", {"uri": f"amqp://127.0.0.1:{down.port}", "exchange": "ok.src",
+                           "reconnect-delay": 1}, as_user=True)
+    _policy(down, "self", r"^ok\.lx$", {"federation-upstream": "self"}, "exchanges")
+    row = await _link(down, lambda r: r["upstream"] == "self" and "ACCESS_REFUSED" in r.get(
+        "error", ""))
+    assert f"refused for user '{USER}'" in row["error"], row
+    _forget(down, "self")
