@@ -24,19 +24,17 @@ __all__ = ["main", "run"]
 
 log = structlog.get_logger("hare.cli")
 
-_BANNERS = {"amqp": "hare-server", "http": "hare-management", "amqp/ssl": "hare-server amqps",
-            "https": "hare-management https"}
 
-
-async def run(settings: Settings, ready: asyncio.Event | None = None) -> int:
+async def run(settings: Settings, ready: asyncio.Event | None = None,
+              inherited: dict[str, list[int]] | None = None) -> int:
     from broker.cluster import ClusterUnavailable, NodeNameTaken
     from broker.mgmt import Management
     from broker.node import Node
-    from broker.server.listener import ListenerError
+    from broker.server.listener import BANNERS, ListenerError
     from broker.server.tls import TlsError
     from broker.shovel import Shovels
 
-    node = Node(settings)
+    node = Node(settings, inherited)
     node.add_plugin(Management())  # serves when a management listener is on
     node.add_plugin(Shovels())  # dynamic shovels, built in (RabbitMQ's shovel plugin)
     try:
@@ -52,7 +50,7 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> int:
     # tests and supervisors read the bound ports from here when port 0 was asked for; the
     # AMQP line always comes first, then management HTTP, AMQPS, management HTTPS when on
     for listener in node.listeners:
-        print(f"{_BANNERS[listener.protocol]} listening on port {listener.port}", flush=True)
+        print(f"{BANNERS[listener.protocol]} listening on port {listener.port}", flush=True)
     if ready is not None:
         ready.set()
     await stop.wait()
@@ -99,6 +97,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hare-server: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, str(settings.log_format))
+    from broker.node.supervisor import watch_parent, worker_role, worker_settings
+
+    role = worker_role(os.environ)
+    workers = 1
+    if role is not None:  # a worker of a multi-worker hare-server (broker/node/supervisor.py)
+        watch_parent(role.parent)
+        settings = worker_settings(settings, role)
+    else:
+        from broker.config.cpus import usable_cpus
+
+        workers = settings.workers or usable_cpus()
     problem = _check_data_dir(settings)
     lock_fd = -1
     if not problem:
@@ -109,7 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import uvloop
 
-        return uvloop.run(run(settings))
+        if workers > 1:
+            from broker.node.supervisor import Supervisor
+
+            argv = sys.argv[1:] if argv is None else argv
+            return uvloop.run(Supervisor(settings, workers, argv).run())
+        return uvloop.run(run(settings, inherited=role.fds if role else None))
     except KeyboardInterrupt:
         return 0
     finally:

@@ -334,6 +334,16 @@ class Settings:
         default=TlsVersion.TLS1_2,
         metadata=_m(v.choice_value(TlsVersion), "oldest TLS version of the HTTPS listener"),
     )
+    # processes (docs/ARCHITECTURE.md, "Process tree")
+    workers: int = field(
+        default=1,
+        metadata=_m(
+            v.workers_value,
+            "worker processes, each a node of a private cluster behind the one set of ports: "
+            "auto (shown as 0) is the cores this process may use, cgroup CPU limit included; "
+            "1 is a single process",
+        ),
+    )
     # identity and cluster (docs/CLUSTER.md)
     node_name: str = field(
         default="",

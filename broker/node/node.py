@@ -24,6 +24,7 @@ from broker.queue.amqqueue import AMQQueue
 from broker.server.direct_reply import ReplyRegistry
 from broker.server.listener import (
     Listener,
+    adopt,
     bind,
     close_all,
     listen_all,
@@ -36,14 +37,16 @@ from broker.vhost import VHost
 if TYPE_CHECKING:
     from broker.server.reader import Reader
 
-__all__ = ["Node"]
+__all__ = ["Node", "bind_listeners"]
 
 log = structlog.get_logger("hare.node")
 
 
 class Node:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, inherited: dict[str, list[int]] | None = None) -> None:
         self.settings = settings
+        # a worker's listening sockets, bound by its parent (broker/node/supervisor.py)
+        self.inherited = inherited or {}
         self.name = settings.node_name or f"hare@{socket.gethostname()}"
         self.users = UserDB()
         self.auth = AccessControl(
@@ -149,23 +152,7 @@ class Node:
                  listeners={x.protocol: x.port for x in listeners}, host=self.settings.host or "*")
 
     def _bind_listeners(self) -> list[Listener]:
-        s = self.settings
-        amqps = tls_context(s, "ssl")
-        https = tls_context(s, "management_ssl")
-        wanted = [("amqp", s.host, s.port, None)]
-        if s.management_port:
-            wanted.append(("http", s.management_host, s.management_port, None))
-        if amqps is not None:
-            wanted.append(("amqp/ssl", s.host, s.ssl_port, amqps))
-        if https is not None:
-            wanted.append(("https", s.management_host, s.management_ssl_port, https))
-        listeners: list[Listener] = []
-        try:
-            for protocol, host, port, tls in wanted:
-                listeners.append(bind(protocol, host, port, tls))
-        except BaseException:
-            close_all(listeners)
-            raise
+        listeners = bind_listeners(self.settings, self.inherited)
         self.port = listeners[0].port
         self.listeners = listeners  # bound, not yet listening: the cluster card shows them
         return listeners
@@ -241,6 +228,32 @@ class Node:
         for q, target in ram_targets(loads, fraction).items():
             q.set_ram_target(target)
 
+
+
+def bind_listeners(s: Settings, inherited: dict[str, list[int]] | None = None
+                   ) -> list[Listener]:
+    """Every listener the settings ask for (TLS files read first), bound, not listening: AMQP,
+    management HTTP, AMQPS, management HTTPS. A protocol in `inherited` takes the sockets a
+    supervisor bound for this worker instead (their file descriptors)."""
+    amqps = tls_context(s, "ssl")
+    https = tls_context(s, "management_ssl")
+    wanted = [("amqp", s.host, s.port, None)]
+    if s.management_port:
+        wanted.append(("http", s.management_host, s.management_port, None))
+    if amqps is not None:
+        wanted.append(("amqp/ssl", s.host, s.ssl_port, amqps))
+    if https is not None:
+        wanted.append(("https", s.management_host, s.management_ssl_port, https))
+    listeners: list[Listener] = []
+    try:
+        for protocol, host, port, tls in wanted:
+            fds = (inherited or {}).get(protocol)
+            listeners.append(adopt(protocol, host, fds, tls) if fds
+                             else bind(protocol, host, port, tls))
+    except BaseException:
+        close_all(listeners)
+        raise
+    return listeners
 
 
 def _backends(settings: Settings, users: UserDB) -> list[Backend]:

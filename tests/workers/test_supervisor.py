@@ -1,0 +1,143 @@
+"""One hare-server, several worker processes: what a client sees is one broker; the parent
+restarts a killed worker, stops all of them on SIGTERM, and they stop when it dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pika
+import pytest
+
+from tests.conftest import BrokerProc
+from tests.workers.helpers import WorkersBroker, alive, children, wait_for
+
+
+@pytest.fixture
+def two(tmp_path: Path) -> Iterator[WorkersBroker]:
+    b = WorkersBroker(tmp_path / "data", 2).start()
+    yield b
+    b.kill()
+
+
+def _connect(b: BrokerProc) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(b.url + "%2F?heartbeat=0"))
+
+
+def _one_per_worker(b: WorkersBroker) -> dict[str, pika.BlockingConnection]:
+    """Connections until one landed on each worker (each declares an exclusive queue, which
+    lives on its connection's worker, and the management API says where)."""
+    found: dict[str, pika.BlockingConnection] = {}
+    for i in range(60):
+        conn = _connect(b)
+        conn.channel().queue_declare(f"probe-{i}", exclusive=True)
+        node = b.node_of(f"probe-{i}")
+        if node in found:
+            conn.close()
+        else:
+            found[node] = conn
+        if len(found) == b.count:
+            return found
+    raise AssertionError(f"60 connections landed on {sorted(found)} only")
+
+
+def test_workers_serve_one_broker(two: WorkersBroker) -> None:
+    """A queue declared on one worker is published to and consumed from connections on
+    both; the management API lists every queue once, with the worker that holds it."""
+    conns = _one_per_worker(two)
+    assert len(conns) == 2
+    (home, a), (other, b) = sorted(conns.items())
+    ch_a, ch_b = a.channel(), b.channel()
+    ch_a.queue_declare("shared", durable=True)
+    ch_a.confirm_delivery()
+    ch_b.confirm_delivery()
+    for i in range(50):  # confirmed, from both workers
+        ch_a.basic_publish("", "shared", f"a{i}".encode())
+        ch_b.basic_publish("", "shared", f"b{i}".encode())
+    assert two.node_of("shared") == home
+    assert ch_b.queue_declare("shared", passive=True).method.message_count == 100
+    got: list[bytes] = []
+    for ch in (ch_b, ch_a):  # half consumed on the other worker, the rest on its home
+        ch.basic_qos(prefetch_count=10)
+        for method, _, body in ch.consume("shared"):
+            got.append(body)
+            ch.basic_ack(method.delivery_tag)
+            if len(got) in (50, 100):
+                break
+        ch.cancel()
+    assert sorted(got) == sorted([f"a{i}".encode() for i in range(50)]
+                                 + [f"b{i}".encode() for i in range(50)])
+    for _ in range(4):  # whichever worker answers, the list is the same
+        queues = two.get("/api/queues")
+        names = [q["name"] for q in queues]
+        assert len(names) == len(set(names))
+        assert "shared" in names
+        assert {q["node"] for q in queues} == {home, other}
+    for c in conns.values():
+        c.close()
+
+
+def test_killed_worker_restarts_with_its_queue(two: WorkersBroker) -> None:
+    conns = _one_per_worker(two)
+    conn = next(c for n, c in conns.items() if n.endswith("-w2"))
+    ch = conn.channel()
+    ch.queue_declare("orders", durable=True)
+    ch.confirm_delivery()
+    for i in range(200):
+        ch.basic_publish("", "orders", f"m{i}".encode(),
+                         pika.BasicProperties(delivery_mode=2))  # confirmed: returns after ack
+    for c in conns.values():
+        c.close()
+    before = two.workers()
+    os.kill(before[2], signal.SIGKILL)
+    wait_for(lambda: two.workers().get(2, before[2]) != before[2] and not alive(before[2]),
+             what="worker 2 restarted")
+    assert two.workers()[1] == before[1]  # the other worker served on
+
+    def back() -> bool:  # the restarted worker serves its queue again, from any connection
+        try:
+            c = _connect(two)
+        except pika.exceptions.AMQPConnectionError:
+            return False
+        try:
+            n = c.channel().queue_declare("orders", passive=True).method.message_count
+        except pika.exceptions.ChannelClosedByBroker:
+            n = -1
+        c.close()
+        return n == 200
+
+    wait_for(back, what="queue orders back with its 200 messages")
+    c = _connect(two)
+    ch = c.channel()
+    bodies = []
+    while (m := ch.basic_get("orders", auto_ack=True))[0] is not None:
+        bodies.append(m[2])
+    assert bodies == [f"m{i}".encode() for i in range(200)]
+    c.close()
+
+
+def test_sigterm_stops_every_worker(two: WorkersBroker) -> None:
+    pids = children(two.pid)
+    assert len(two.workers()) == 2 and len(pids) >= 2
+    assert two.stop() == 0
+    assert not [p for p in pids if alive(p)]
+
+
+def test_parent_killed_workers_stop(two: WorkersBroker) -> None:
+    pids = list(two.workers().values())
+    two.kill()
+    wait_for(lambda: not any(alive(p) for p in pids), what="workers gone with their parent")
+
+
+def test_one_worker_is_one_process(tmp_path: Path) -> None:
+    b = BrokerProc(tmp_path / "data", ["--workers", "1"]).start()
+    try:
+        assert children(b.pid) == []
+        c = _connect(b)
+        c.channel().queue_declare("q")
+        c.close()
+    finally:
+        assert b.stop() == 0
+    assert not (tmp_path / "data" / "w1").exists()
