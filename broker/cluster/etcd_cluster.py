@@ -287,9 +287,10 @@ class EtcdCluster:
 
     def _locate(self, arguments: dict[str, Any]) -> str:
         """The home of a new queue: the declaring node (RabbitMQ's client-local), or with
-        x-queue-leader-locator = balanced the running node with the fewest queues."""
+        x-queue-leader-locator = balanced (or the setting queue_master_locator) the running
+        node with the fewest queues."""
         locator = arguments.get("x-queue-leader-locator") or arguments.get(
-            "x-queue-master-locator")
+            "x-queue-master-locator") or self.node.settings.queue_master_locator
         if isinstance(locator, bytes):
             locator = locator.decode()
         if locator not in ("balanced", "min-masters"):

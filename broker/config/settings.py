@@ -397,6 +397,14 @@ class Settings:
             "etcd lease TTL: a node silent this long is down for the cluster",
         ),
     )
+    queue_master_locator: str = field(
+        default="client-local",
+        metadata=_m(
+            v.locator_value,
+            "home of a new queue without x-queue-master-locator / x-queue-leader-locator: "
+            "client-local (the declaring node) or balanced (min-masters: the fewest queues)",
+        ),
+    )
     quorum_initial_group_size: int = field(
         default=3,
         metadata=_m(

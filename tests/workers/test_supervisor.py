@@ -141,3 +141,22 @@ def test_one_worker_is_one_process(tmp_path: Path) -> None:
     finally:
         assert b.stop() == 0
     assert not (tmp_path / "data" / "w1").exists()
+
+
+def test_balanced_locator_spreads_one_connections_queues(tmp_path: Path) -> None:
+    """queue_master_locator = balanced: queues declared on one connection go to the worker
+    with the fewest queues, so they spread; exclusive ones stay on the connection's."""
+    b = WorkersBroker(tmp_path / "data", 2, ["--queue-master-locator", "balanced"]).start()
+    try:
+        c = _connect(b)
+        ch = c.channel()
+        for i in range(4):
+            ch.queue_declare(f"spread-{i}")
+        ch.queue_declare("mine", exclusive=True)
+        ch.queue_declare("mine-too", exclusive=True)
+        nodes = [b.node_of(f"spread-{i}") for i in range(4)]
+        assert sorted(nodes.count(n) for n in set(nodes)) == [2, 2]
+        assert b.node_of("mine") == b.node_of("mine-too")
+        c.close()
+    finally:
+        assert b.stop() == 0
