@@ -443,6 +443,18 @@ class EtcdCluster:
             q.consumers.remove(consumer)
         consumer.channel.consumer_cancelled_by_queue(consumer)
 
+    async def ask_peers(self, op: str, message: dict[str, Any]) -> list[dict[str, Any]]:
+        async def ask(link: Link) -> dict[str, Any] | None:
+            try:
+                return await link.call({**message, "op": op})
+            except LinkError:
+                return None  # down or slow: its part is left out, the rest is answered
+
+        peers = [x for x in (self.links.get(n) for n in self.membership.running
+                             if n != self.node.name) if x is not None]
+        answers = await asyncio.gather(*(ask(x) for x in peers))
+        return [a for a in answers if a is not None]
+
     def link(self, peer: str) -> Link:
         link = self.links.get(peer)
         if link is None:

@@ -285,6 +285,9 @@ class Link:
                 with self.cluster.metadata.quiet():
                     self.cluster.place_queue(vhost, record, new=bool(m.get("new")))
             return {}
+        handler = self.cluster.node.peer_handlers.get(op)
+        if handler is not None:  # a part of the node's own asked by a peer (management)
+            return await handler(m)
         q = self._local_queue(m["v"], m["q"])
         if q is None:
             return {"missing": True}

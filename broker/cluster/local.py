@@ -35,6 +35,11 @@ class Cluster(Protocol):
     name: str  # the cluster's name (RabbitMQ's cluster_name)
     clustered: bool
 
+    async def ask_peers(self, op: str, message: dict[str, Any]) -> list[dict[str, Any]]:
+        """Ask every running peer `op` (a handler in its `Node.peer_handlers`); the answers
+        of those that gave one (a single node: none)."""
+        ...
+
     async def start(self) -> None:
         """Join (before recovery: a refused name stops start-up)."""
 
@@ -92,6 +97,9 @@ class LocalCluster:
 
     async def stop(self) -> None:
         pass
+
+    async def ask_peers(self, op: str, message: dict[str, Any]) -> list[dict[str, Any]]:
+        return []
 
     def members(self) -> list[Member]:
         return [Member(self.node.name, True, self_card(self.node, self._started_ms))]

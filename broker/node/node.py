@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -83,6 +84,9 @@ class Node:
         self.plugins: list[Plugin] = []  # started in this order, stopped in the reverse
         # runtime parameter components plugins own ("shovel"), served by the management API
         self.parameter_components: dict[str, ParameterComponent] = {}
+        # calls a peer node may make over the link (`cluster.ask_peers`), by op: plugins
+        # answer with their part of a cluster-wide view (the management API's lists)
+        self.peer_handlers: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {}
         self.cluster = make_cluster(self)  # this node alone, or a member of an etcd cluster
 
     # -- set-up -----------------------------------------------------------------------------

@@ -160,3 +160,29 @@ def test_balanced_locator_spreads_one_connections_queues(tmp_path: Path) -> None
         c.close()
     finally:
         assert b.stop() == 0
+
+
+def test_management_shows_the_whole_broker(two: WorkersBroker) -> None:
+    """Whichever worker answers: every queue once with its home worker's message count,
+    every connection, and overview totals summed over the workers."""
+    conns = _one_per_worker(two)
+    for node, conn in conns.items():
+        ch = conn.channel()
+        name = "depth-" + node.rsplit("-", 1)[1]
+        ch.queue_declare(name)
+        ch.confirm_delivery()
+        for i in range(7):
+            ch.basic_publish("", name, b"x%d" % i)
+    for _ in range(6):  # several requests: both workers answer some
+        queues = {q["name"]: q for q in two.get("/api/queues")}
+        assert queues["depth-w1"]["messages"] == 7 and queues["depth-w2"]["messages"] == 7
+        assert queues["depth-w1"]["node"].endswith("-w1")
+        assert queues["depth-w2"]["node"].endswith("-w2")
+        assert len({c["node"] for c in two.get("/api/connections")}) == 2
+        overview = two.get("/api/overview")
+        assert overview["object_totals"]["connections"] == 2
+        assert overview["queue_totals"]["messages"] == 14
+        one = two.get("/api/queues/%2F/depth-w2")
+        assert one["messages"] == 7
+    for c in conns.values():
+        c.close()
