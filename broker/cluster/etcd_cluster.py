@@ -107,6 +107,7 @@ class EtcdCluster:
                              name="cluster:lease"),
         ]
         self.node.alarms.subscribe(self._alarm_changed)
+        self.membership.on_card = self._peer_alarms
         log.info("joined cluster", cluster=self.name, node=self.node.name,
                  running=sorted(self.membership.running))
 
@@ -203,6 +204,15 @@ class EtcdCluster:
         """Our resource alarms are on our card, so every node's cluster_status shows them."""
         if self._card_task is None or self._card_task.done():
             self._card_task = asyncio.get_running_loop().create_task(self._publish_card())
+
+    def _peer_alarms(self) -> None:
+        """A resource alarm on any running node blocks the publishers of every node (as in a
+        RabbitMQ cluster): a node's queues take the others' publishes over the link, so one
+        node's memory is everyone's concern; and a multi-worker hare-server's one watermark
+        is its workers' shares together."""
+        raised = {r for name, card in self.membership.running.items()
+                  if name != self.node.name for r in card.get("alarms", [])}
+        self.node.set_peer_alarms(frozenset(raised))
 
     async def _publish_card(self) -> None:
         with contextlib.suppress(EtcdUnavailable):

@@ -62,6 +62,7 @@ class Node:
         self.listeners: list[Listener] = []  # AMQP first, then HTTP, AMQPS, HTTPS when on
         self.reply_registry = ReplyRegistry()  # direct reply-to names, across connections
         self.alarms = Alarms()
+        self.peer_alarms: frozenset[str] = frozenset()  # raised on other nodes (workers)
         self.alarms.subscribe(self._alarm_changed)
         self.memory_monitor = MemoryMonitor(
             self.alarms,
@@ -216,10 +217,20 @@ class Node:
 
     # -- alarms -----------------------------------------------------------------------------
     def alarms_active(self) -> frozenset[str]:
+        """This node's own resource alarms (its card, its API)."""
         return self.alarms.active()
 
+    def blocking_alarms(self) -> frozenset[str]:
+        """What blocks this node's publishers: its alarms and the other nodes' (cluster)."""
+        return self.alarms.active() | self.peer_alarms
+
+    def set_peer_alarms(self, raised: frozenset[str]) -> None:
+        if raised != self.peer_alarms:
+            self.peer_alarms = raised
+            self._alarm_changed("", bool(raised))
+
     def _alarm_changed(self, resource: str, raised: bool) -> None:
-        active = self.alarms.active()
+        active = self.blocking_alarms()
         for conn in list(self.connections):
             conn.on_alarm(active)
 
