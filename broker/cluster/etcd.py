@@ -22,8 +22,10 @@ import aiohttp
 
 from broker.cluster.local import ClusterUnavailable
 
-__all__ = ["Etcd", "EtcdUnavailable", "KeyValue", "TxnResult", "WatchCompacted", "WatchEvent",
-           "prefix_end"]
+TOKEN_HEADER = "X-Hare-Token"
+
+__all__ = ["TOKEN_HEADER", "Etcd", "EtcdUnavailable", "KeyValue", "TxnResult", "WatchCompacted",
+           "WatchEvent", "prefix_end"]
 
 
 class EtcdUnavailable(ClusterUnavailable):
@@ -84,9 +86,12 @@ def _end(range_end: str) -> str:
 class Etcd:
     """One etcd endpoint (or several: a failing one hands over to the next)."""
 
-    def __init__(self, endpoints: Sequence[str], *, timeout_s: float = 3.0) -> None:
+    def __init__(self, endpoints: Sequence[str], *, timeout_s: float = 3.0,
+                 token: str = "") -> None:
         self.endpoints = [e.rstrip("/") for e in endpoints]
         self.timeout_s = timeout_s
+        # the parent's meta server (meta_server.py) wants it on every call; etcd ignores it
+        self._headers = {TOKEN_HEADER: token} if token else {}
         self._session: aiohttp.ClientSession | None = None
         self._current = 0
 
@@ -97,7 +102,7 @@ class Etcd:
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = aiohttp.ClientSession(headers=self._headers)
         return self._session
 
     async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -65,7 +65,8 @@ class EtcdCluster:
         self.node = node
         self.name = s.cluster_name
         self.root = f"/hare/{s.cluster_name}/"
-        self.etcd = Etcd([u.strip() for u in s.cluster_etcd.split(",") if u.strip()])
+        self.etcd = Etcd([u.strip() for u in s.cluster_etcd.split(",") if u.strip()],
+                         token=s.cluster_etcd_token)
         self._started_ms = 0
         self.membership = Membership(
             self.etcd, self.root, node.name, node_id(s.data_dir), s.cluster_lease_ttl_s,

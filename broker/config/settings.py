@@ -374,6 +374,16 @@ class Settings:
             secret=True,
         ),
     )
+    cluster_etcd_token: str = field(
+        default="",
+        repr=False,
+        metadata=_m(
+            v.string_value,
+            "token sent to cluster_etcd on every call (a multi-worker server's meta server "
+            "wants it; set by the parent, through the environment)",
+            secret=True,
+        ),
+    )
     cluster_link_host: str = field(
         default="",
         metadata=_m(v.string_value, "inter-node link listener address (empty: all interfaces)"),

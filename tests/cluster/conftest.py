@@ -1,4 +1,5 @@
-"""One private etcd per test module; each test names its own cluster (a key prefix)."""
+"""One private etcd per test module (or the parent's meta server in its place, with
+HARE_TEST_METADATA=meta); each test names its own cluster (a key prefix)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from .helpers import EtcdProc
+from .helpers import EtcdProc, metadata_store
 
 
 @pytest.fixture(scope="module")
 def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProc]:
-    e = EtcdProc(tmp_path_factory.mktemp("etcd")).start()
+    e = metadata_store(tmp_path_factory.mktemp("etcd")).start()
     yield e
     e.stop()

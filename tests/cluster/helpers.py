@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 
 class EtcdProc:
     """One etcd member on loopback; stop/start keep its data and ports."""
+
+    token = ""  # what the nodes must send (the meta server's)
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -66,6 +69,52 @@ class EtcdProc:
             self.proc = None
 
 
+_META = """
+import asyncio, sys
+from broker.cluster.meta_server import MetaServer
+from broker.logs import configure_logging
+configure_logging("info", "console")  # to stderr: stdout only says where it serves
+async def main():
+    server = await MetaServer.start(sys.argv[1], port=int(sys.argv[2]), token=sys.argv[3])
+    print("serving", server.url, flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+class MetaProc(EtcdProc):
+    """The parent's meta server (broker/cluster/meta_server.py) in a process of its own, in
+    etcd's place: same port and token across stop/start, as an etcd keeps its URL."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.token = uuid.uuid4().hex
+
+    def start(self, timeout: float = 20.0) -> MetaProc:
+        log = open(self.root / "meta.log.txt", "ab")  # noqa: SIM115 - owned by the process
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _META, str(self.root / "meta"), str(self.client_port),
+             self.token], stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
+        deadline = time.monotonic() + timeout
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:  # the line comes after the log's own lines
+            line = self.proc.stdout.readline()
+            if line.startswith(b"serving "):
+                self.proc.stdout.close()
+                return self
+            if not line and self.proc.poll() is not None:
+                break
+        raise RuntimeError("the meta server did not start")
+
+
+def metadata_store(root: Path) -> EtcdProc:
+    """The cluster tests' metadata store: a private etcd, or the meta server when
+    HARE_TEST_METADATA=meta (the tests are the same: both speak etcd's gateway)."""
+    if os.environ.get("HARE_TEST_METADATA", "etcd") == "meta":
+        return MetaProc(root)
+    return EtcdProc(root)
+
+
 class ClusterNode(MgmtBroker):
     """A Hare node of cluster `cluster` on `etcd`, management on a free port."""
 
@@ -76,6 +125,8 @@ class ClusterNode(MgmtBroker):
                                     "--cluster-secret", "test-secret",
                                     "--cluster-link-host", "127.0.0.1",
                                     "--cluster-link-port", "0", *(args or [])])
+        if etcd.token:
+            self.env = {"HARE_CLUSTER_ETCD_TOKEN": etcd.token}
         self.name = name
 
 

@@ -33,7 +33,7 @@ def test_members_names_and_restart(tmp_path: Path, etcd: EtcdProc) -> None:
         # a second node with a taken name: one clear line, exit 1, before any listener
         dup = ClusterNode(tmp_path / "dup", etcd, "m1", "hare-b")
         dup.data_dir.mkdir()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **dup.env}
         res = subprocess.run([sys.executable, "-m", "broker", "--port", "0",
                               "--management-port", "0", "--data-dir", str(dup.data_dir),
                               *dup.args], capture_output=True, text=True, env=env, cwd=ROOT,
