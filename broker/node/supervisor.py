@@ -19,19 +19,17 @@ import dataclasses
 import json
 import os
 import secrets
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
+from broker.cluster.meta_server import MetaServer
 from broker.config import MemoryWatermark, Settings
 from broker.node.node import bind_listeners
 from broker.server.listener import BANNERS, Listener, close_all, listen_all
@@ -92,6 +90,7 @@ def worker_settings(settings: Settings, role: WorkerRole) -> Settings:
         data_dir=settings.data_dir / f"w{role.index}",
         node_name=worker_name(settings, role.index),
         cluster_etcd=role.meta_url,
+        cluster_etcd_token=role.meta_token,
         cluster_secret=role.secret,
         cluster_link_host="127.0.0.1",
         cluster_link_port=0,
@@ -110,55 +109,11 @@ def watch_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _die_with_parent() -> None:  # preexec_fn of the private etcd
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-class _Meta:
-    """The metadata service of this process tree. Until broker/cluster/meta_server.py lands,
-    a private etcd (as hare_bench/local_cluster.py runs one); `start_meta` is the one place
-    that chooses."""
-
-    def __init__(self, url: str, token: str, proc: subprocess.Popen[bytes] | None) -> None:
-        self.url = url
-        self.token = token
-        self._proc = proc
-
-    async def close(self) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            await asyncio.to_thread(self._proc.wait, 10)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def start_meta(data_dir: Path) -> _Meta:
-    etcd = shutil.which("etcd") or "/usr/bin/etcd"
-    client, peer = f"http://127.0.0.1:{_free_port()}", f"http://127.0.0.1:{_free_port()}"
-    root = data_dir / "meta"
-    shutil.rmtree(root, ignore_errors=True)  # a fresh cluster each run: workers re-seed it
-    root.mkdir(parents=True)
-    logf = open(root / "etcd.log", "ab")  # noqa: SIM115 - owned by the process
-    proc = subprocess.Popen(
-        [etcd, "--name", "meta", "--data-dir", str(root / "etcd"),
-         "--listen-client-urls", client, "--advertise-client-urls", client,
-         "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-         "--initial-cluster", f"meta={peer}", "--log-level", "warn"],
-        stdout=logf, stderr=logf, preexec_fn=_die_with_parent)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            await asyncio.to_thread(urllib.request.urlopen, client + "/health", None, 1)
-            return _Meta(client, "", proc)
-        except OSError:
-            await asyncio.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"the metadata service did not start; see {root / 'etcd.log'}")
+async def start_meta(data_dir: Path) -> MetaServer:
+    """The metadata service of this process tree: the parent's own (meta_server.py, etcd's
+    JSON gateway subset on loopback, behind a token), its log in <data_dir>/meta, so the
+    definitions and the workers' names outlive a restart of the whole server."""
+    return await MetaServer.start(data_dir / "meta")
 
 
 class _Worker:
@@ -178,7 +133,7 @@ class Supervisor:
         self.secret = secrets.token_hex(16)
         self.workers = [_Worker(i) for i in range(1, count + 1)]
         self.listeners: list[Listener] = []
-        self.meta: _Meta | None = None
+        self.meta: MetaServer | None = None
         self.stopping = False
 
     async def run(self) -> int:

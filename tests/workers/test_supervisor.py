@@ -186,3 +186,31 @@ def test_management_shows_the_whole_broker(two: WorkersBroker) -> None:
         assert one["messages"] == 7
     for c in conns.values():
         c.close()
+
+
+def test_restart_of_the_whole_server_keeps_definitions_and_messages(tmp_path: Path) -> None:
+    """The metadata service's log and each worker's data directory survive a clean stop:
+    the same broker comes back (users, queues on their workers, persistent messages)."""
+    b = WorkersBroker(tmp_path / "data", 2).start()
+    try:
+        assert b.api("PUT", "/api/users/alice", {"password": "pw", "tags": ""})[0] in (201, 204)
+        conns = _one_per_worker(b)
+        homes = {}
+        for node, conn in conns.items():
+            ch = conn.channel()
+            name = "kept-" + node.rsplit("-", 1)[1]
+            ch.queue_declare(name, durable=True)
+            ch.confirm_delivery()
+            for i in range(5):
+                ch.basic_publish("", name, b"%d" % i, pika.BasicProperties(delivery_mode=2))
+            homes[name] = node
+            conn.close()
+        assert b.stop() == 0
+        b.start()
+        assert b.get("/api/users/alice")["name"] == "alice"
+        queues = {q["name"]: q for q in b.get("/api/queues")}
+        for name, node in homes.items():
+            assert queues[name]["node"] == node
+            assert queues[name]["messages"] == 5
+    finally:
+        b.kill()
