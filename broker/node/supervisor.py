@@ -111,9 +111,9 @@ def watch_parent(parent: int) -> None:
 
 async def start_meta(data_dir: Path) -> MetaServer:
     """The metadata service of this process tree: the parent's own (meta_server.py, etcd's
-    JSON gateway subset on loopback, behind a token), its log in <data_dir>/meta, so the
+    JSON gateway subset on loopback, behind a token), its log in <data_dir>/meta.log, so the
     definitions and the workers' names outlive a restart of the whole server."""
-    return await MetaServer.start(data_dir / "meta")
+    return await MetaServer.start(data_dir)
 
 
 class _Worker:
