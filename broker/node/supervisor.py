@@ -179,7 +179,10 @@ class Supervisor:
         worker.proc = proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "broker", *self.argv, env=env,
             stdout=asyncio.subprocess.PIPE,
-            pass_fds=[fd for fds in role.fds.values() for fd in fds])
+            pass_fds=[fd for fds in role.fds.values() for fd in fds],
+            # a terminal's Ctrl-C goes to the parent alone, which stops the workers in
+            # order; in the parent's group they would stop first and look like crashes
+            start_new_session=True)
         worker.started = time.monotonic()
         assert proc.stdout is not None
         try:
