@@ -13,6 +13,7 @@ import fcntl
 import os
 import signal
 import sys
+import time
 
 import structlog
 
@@ -70,16 +71,25 @@ def _check_data_dir(settings: Settings) -> str | None:
     return None
 
 
-def _lock_data_dir(settings: Settings) -> tuple[int, str | None]:
+def _lock_data_dir(settings: Settings, wait_s: float = 0.0) -> tuple[int, str | None]:
     """One broker per data directory: an flock held for the life of the process (released
-    by the kernel even after kill -9, so a crash never leaves a stale lock)."""
+    by the kernel even after kill -9, so a crash never leaves a stale lock). `wait_s`: how
+    long a previous holder may take to let go (a worker whose old self is still stopping)."""
     path = settings.data_dir / LOCK_FILE
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
         return -1, f"cannot open lock file {path}: {exc.strerror}"
+    deadline = time.monotonic() + wait_s
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
     except OSError:
         other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
@@ -111,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     problem = _check_data_dir(settings)
     lock_fd = -1
     if not problem:
-        lock_fd, problem = _lock_data_dir(settings)
+        # a worker's old process may still be stopping (its parent was killed and this one
+        # started at once): it is waited for, a single broker's namesake is not
+        lock_fd, problem = _lock_data_dir(settings, 30.0 if role is not None else 0.0)
     if problem:
         print(f"hare-server: {problem}", file=sys.stderr)
         return 1

@@ -96,6 +96,10 @@ def worker_settings(settings: Settings, role: WorkerRole) -> Settings:
         cluster_link_port=0,
         cluster_link_advertise="127.0.0.1",
         vm_memory_high_watermark=share,
+        # the workers share one machine and one disk: a copy on another worker survives
+        # nothing the first would not, so a quorum queue is one member, as on one node
+        # (x-quorum-initial-group-size still asks for more)
+        quorum_initial_group_size=1,
     )
 
 

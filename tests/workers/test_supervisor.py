@@ -214,3 +214,31 @@ def test_restart_of_the_whole_server_keeps_definitions_and_messages(tmp_path: Pa
             assert queues[name]["messages"] == 5
     finally:
         b.kill()
+
+
+def test_parent_killed_and_started_again_at_once(tmp_path: Path) -> None:
+    """kill -9 of the parent, then a new hare-server on the same data directory while the
+    old workers are still stopping: each new worker waits for its directory's lock and the
+    confirmed messages are all there. A quorum queue is one member (the workers share one
+    disk: a second copy would survive nothing more), so it leads as soon as its worker runs."""
+    b = WorkersBroker(tmp_path / "data", 2).start()
+    try:
+        c = _connect(b)
+        ch = c.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("qq", durable=True, arguments={"x-queue-type": "quorum"})
+        ch.queue_declare("cq", durable=True)
+        for i in range(50):
+            ch.basic_publish("", "qq", b"%d" % i)
+            ch.basic_publish("", "cq", b"%d" % i, pika.BasicProperties(delivery_mode=2))
+        c.close()
+        assert len(b.get("/api/queues/%2F/qq")["members"]) == 1
+        b.kill()
+        b.start()
+        c = _connect(b)
+        ch = c.channel()
+        assert ch.queue_declare("qq", passive=True).method.message_count == 50
+        assert ch.queue_declare("cq", passive=True).method.message_count == 50
+        c.close()
+    finally:
+        b.kill()
