@@ -331,6 +331,10 @@ class Link:
                 self.cluster.consumer_gone(consumer)
         elif op == "sender_down":
             self._on_sender_down(m)
+        elif op == "waiting":  # a consumer of one of our queues, on the peer, waits on it
+            q = self._local_queue(m["v"], m["q"])
+            if q is not None:
+                q.consumer_waiting()
         elif op == "reply":
             future = self._calls.get(m["call"])
             if future is not None and not future.done():
