@@ -9,6 +9,7 @@ resumed from the last revision seen (or everything is read again when etcd compa
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import socket
 import time
@@ -28,10 +29,12 @@ from broker.cluster.remote_queue import RemoteQueue
 from broker.queue.amqqueue import AMQQueue
 from broker.queue.stream_queue import StreamQueue
 from broker.queue.types import queue_class
+from broker.server.direct_reply import reply_node
 from broker.store import layout
 from broker.store.definitions import decode_table, encode_table
 
 if TYPE_CHECKING:
+    from broker.message import Message
     from broker.node import Node
     from broker.queue.consumer import Consumer
     from broker.queue.contract import QueueType
@@ -465,6 +468,26 @@ class EtcdCluster:
                              if n != self.node.name) if x is not None]
         answers = await asyncio.gather(*(ask(x) for x in peers))
         return [a for a in answers if a is not None]
+
+    def _reply_link(self, name: str) -> Link | None:
+        node = reply_node(name)
+        return self.links.get(node) if node and node != self.node.name else None
+
+    def forward_reply(self, msg: Message) -> None:
+        link = self._reply_link(msg.routing_key)
+        if link is not None:
+            link.control({"op": "dreply", "ex": msg.exchange, "rk": msg.routing_key,
+                          "props": base64.b64encode(msg.props).decode(),
+                          "body": base64.b64encode(msg.body).decode()})
+
+    async def reply_alive(self, name: str) -> bool:
+        link = self._reply_link(name)
+        if link is None:
+            return False
+        try:
+            return bool((await link.call({"op": "dreply_alive", "name": name})).get("alive"))
+        except LinkError:
+            return False
 
     def link(self, peer: str) -> Link:
         link = self.links.get(peer)

@@ -60,7 +60,7 @@ class Node:
         self.vhosts: dict[str, VHost] = {}
         self.connections: set[Reader] = set()
         self.listeners: list[Listener] = []  # AMQP first, then HTTP, AMQPS, HTTPS when on
-        self.reply_registry = ReplyRegistry()  # direct reply-to names, across connections
+        self.reply_registry = ReplyRegistry(self.name)  # direct reply-to names, across connections
         self.alarms = Alarms()
         self.peer_alarms: frozenset[str] = frozenset()  # raised on other nodes (workers)
         self.alarms.subscribe(self._alarm_changed)

@@ -258,3 +258,25 @@ async def test_remote_consumers_pace_their_publishers(two: WorkersBroker) -> Non
                                    duration_s=6.0)
     assert report.median["received"] > 0, format_report(report)
     assert gate_failures([[report]]) == [], format_report(report)
+
+
+def test_direct_reply_to_across_workers(two: WorkersBroker) -> None:
+    """RPC over amq.rabbitmq.reply-to with the client on one worker and the server on the
+    other: the reply name is known there (passive declare) and the reply arrives."""
+    (_, client), (_, server) = sorted(_one_per_worker(two).items())
+    cch, sch = client.channel(), server.channel()
+    sch.queue_declare("rpc")
+    replies: list[bytes] = []
+    cch.basic_consume("amq.rabbitmq.reply-to", lambda ch, m, p, body: replies.append(body),
+                      auto_ack=True)
+    cch.basic_publish("", "rpc", b"ping", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+    wait_for(lambda: sch.queue_declare("rpc", passive=True).method.message_count == 1,
+             what="request queued")
+    _, props, body = sch.basic_get("rpc", auto_ack=True)
+    assert body == b"ping" and props.reply_to.startswith("amq.rabbitmq.reply-to.")
+    sch.queue_declare(props.reply_to, passive=True)  # held on the client's worker
+    sch.basic_publish("", props.reply_to, b"pong")
+    wait_for(lambda: client.process_data_events(0.1) or replies == [b"pong"],
+             what="reply delivered")
+    client.close()
+    server.close()
