@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import resource
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -86,15 +88,22 @@ class MetaProc(EtcdProc):
     """The parent's meta server (broker/cluster/meta_server.py) in a process of its own, in
     etcd's place: same port and token across stop/start, as an etcd keeps its URL."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, file_size_limit: int = 0) -> None:
         super().__init__(root)
         self.token = uuid.uuid4().hex
+        self.file_size_limit = file_size_limit  # RLIMIT_FSIZE: a disk that fails writes
+
+    def _limits(self) -> None:
+        if self.file_size_limit:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG from write() instead
+            resource.setrlimit(resource.RLIMIT_FSIZE, (self.file_size_limit,) * 2)
 
     def start(self, timeout: float = 20.0) -> MetaProc:
         log = open(self.root / "meta.log.txt", "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _META, str(self.root / "meta"), str(self.client_port),
-             self.token], stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
+             self.token], stdout=subprocess.PIPE, stderr=log, cwd=ROOT,
+            preexec_fn=self._limits)
         deadline = time.monotonic() + timeout
         assert self.proc.stdout is not None
         while time.monotonic() < deadline:  # the line comes after the log's own lines

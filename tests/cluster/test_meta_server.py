@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import re
 import uuid
@@ -284,6 +285,26 @@ async def test_watch_sees_every_revision_in_order(tmp_path: Path) -> None:
         assert seen == list(range(start + 1, start + 201))
 
 
+async def test_watch_batches_never_split_a_revision(tmp_path: Path) -> None:
+    """Catching up comes in answers of about 1000 events, but one revision's events stay in
+    one answer: the client resumes after the last revision it saw, so a split one would
+    lose the rest of it."""
+    async with meta(tmp_path / "m") as (_, client):
+        _, start = await client.get_prefix("/big/")
+        for t in range(12):
+            await client.txn([], [Etcd.op_put(f"/big/{t}/{i}", "x") for i in range(100)], [])
+        await client.txn([], [Etcd.op_delete("/big/", prefix=True)], [])  # 1200 events
+        batches: list[list[int]] = []
+        async for batch in client.watch("/big/", start + 1):
+            batches.append([e.revision for e in batch])
+            if sum(map(len, batches)) == 2400:
+                break
+        assert len(batches) > 1
+        for one, later in itertools.pairwise(batches):
+            assert one[-1] < later[0]
+        assert batches[-1].count(start + 13) == 1200
+
+
 # -- the token, bad input -------------------------------------------------------------------
 async def test_wrong_token_refused(tmp_path: Path) -> None:
     async with meta(tmp_path / "m") as (server, client):
@@ -387,7 +408,7 @@ async def test_kill_9_loses_nothing_answered(tmp_path: Path) -> None:
                 answered.append(f"/k/{n}/{i}")
 
         writers = [asyncio.ensure_future(write(n)) for n in range(4)]
-        while len(answered) < 300:
+        while len(answered) < 300 and not any(w.done() for w in writers):
             await asyncio.sleep(0.01)
         assert server.proc is not None
         server.proc.kill()
@@ -400,3 +421,29 @@ async def test_kill_9_loses_nothing_answered(tmp_path: Path) -> None:
     async with meta(tmp_path / "meta") as (_, client):
         kvs, _ = await client.get_prefix("/k/")
         assert set(answered) <= {kv.key for kv in kvs}
+
+
+async def test_failed_log_write_stops_serving(tmp_path: Path) -> None:
+    """A write the disk refuses (here the process's file size limit): that call and every
+    later one is refused, reads included (RAM would show what the disk does not hold); a
+    restart serves every put that was answered."""
+    server = MetaProc(tmp_path, file_size_limit=64 << 10).start()
+    client = Etcd([server.url], token=server.token)
+    answered: list[str] = []
+    try:
+        with pytest.raises(EtcdUnavailable, match="503"):
+            for i in range(10_000):
+                await client.put(f"/f/{i}", "v" * 100)
+                answered.append(f"/f/{i}")
+        with pytest.raises(EtcdUnavailable, match="503"):
+            await client.get_prefix("/f/")
+        with pytest.raises(EtcdUnavailable, match="503"):
+            await client.put("/f/later", "x")
+    finally:
+        await client.close()
+        server.stop()
+    assert len(answered) > 100
+    async with meta(tmp_path / "meta") as (_, client):
+        kvs, _ = await client.get_prefix("/f/")
+        assert set(answered) <= {kv.key for kv in kvs}
+        assert "/f/later" not in {kv.key for kv in kvs}
