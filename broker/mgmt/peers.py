@@ -12,6 +12,7 @@ import json
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from broker.flow.memory_monitor import process_memory
 from broker.mgmt.http import dumps
 from broker.mgmt.stats import channels
 from broker.mgmt.views import channel_json, connection_json, queue_json
@@ -34,7 +35,11 @@ async def _answer(node: Node, stats: Stats, m: dict[str, Any]) -> dict[str, Any]
     if kind == "totals":
         conns = [c for c in list(node.connections) if c.vhost is not None]
         return {"connections": len(conns),
-                "channels": sum(len(c.channels) for c in conns), "totals": stats.totals()}
+                "channels": sum(len(c.channels) for c in conns), "totals": stats.totals(),
+                # what /metrics sums over the nodes (workers) besides
+                "rss": process_memory(), "alarms": sorted(node.alarms_active()),
+                "auth": {p: [c.attempts, c.failed, c.succeeded]
+                         for p, c in node.auth.attempts.items()}}
     items: list[dict[str, Any]]
     if kind == "queues":  # the queues homed here, with their figures
         items = [queue_json(q, stats, node.name) for v in list(node.vhosts.values())

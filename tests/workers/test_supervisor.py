@@ -280,3 +280,26 @@ def test_direct_reply_to_across_workers(two: WorkersBroker) -> None:
              what="reply delivered")
     client.close()
     server.close()
+
+
+def test_metrics_are_the_whole_servers(two: WorkersBroker) -> None:
+    """/metrics on the shared port: whichever worker is scraped, queues carry their home
+    worker's counts and the node-wide figures are summed over the workers."""
+    conns = _one_per_worker(two)
+    for node, conn in conns.items():
+        ch = conn.channel()
+        name = "metric-" + node.rsplit("-", 1)[1]
+        ch.queue_declare(name)
+        ch.confirm_delivery()
+        for i in range(3):
+            ch.basic_publish("", name, b"%d" % i)
+    for _ in range(6):
+        status, _, text = two.raw("/metrics")
+        assert status == 200
+        lines = text.splitlines()
+        assert 'rabbitmq_queue_messages_ready{queue="metric-w1",vhost="/"} 3.0' in lines
+        assert 'rabbitmq_queue_messages_ready{queue="metric-w2",vhost="/"} 3.0' in lines
+        assert "rabbitmq_connections 2.0" in lines
+        assert "rabbitmq_global_messages_received_total 6.0" in lines
+    for c in conns.values():
+        c.close()
