@@ -43,6 +43,8 @@ async def run(settings: Settings, ready: asyncio.Event | None = None,
     except (ListenerError, TlsError, NodeNameTaken, ClusterUnavailable) as exc:
         print(f"hare-server: {exc}", file=sys.stderr)
         return 1
+    # a cluster node's own quorum queues elect it again after a restart: served before "listening"
+    await node.cluster.settled(10.0)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

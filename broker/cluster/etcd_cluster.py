@@ -469,6 +469,13 @@ class EtcdCluster:
         answers = await asyncio.gather(*(ask(x) for x in peers))
         return [a for a in answers if a is not None]
 
+    async def settled(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while (waiting := self.quorum.unled_alone()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if waiting:
+            log.warning("quorum queues not led yet at start", queues=[k[1] for k in waiting])
+
     def _reply_link(self, name: str) -> Link | None:
         node = reply_node(name)
         return self.links.get(node) if node and node != self.node.name else None

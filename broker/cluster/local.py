@@ -50,6 +50,11 @@ class Cluster(Protocol):
         """Whether another node holds direct-reply name `name`."""
         ...
 
+    async def settled(self, timeout_s: float) -> None:
+        """Start-up's last step: until the quorum queues only this node holds lead again
+        (at most `timeout_s`), so a client told "listening" finds them."""
+        ...
+
     async def start(self) -> None:
         """Join (before recovery: a refused name stops start-up)."""
 
@@ -112,6 +117,9 @@ class LocalCluster:
         return []
 
     def forward_reply(self, msg: Message) -> None:
+        pass
+
+    async def settled(self, timeout_s: float) -> None:
         pass
 
     async def reply_alive(self, name: str) -> bool:
