@@ -29,6 +29,7 @@ log = structlog.get_logger("hare.cli")
 async def run(settings: Settings, ready: asyncio.Event | None = None,
               inherited: dict[str, list[int]] | None = None) -> int:
     from broker.cluster import ClusterUnavailable, NodeNameTaken
+    from broker.federation import Federation
     from broker.mgmt import Management
     from broker.node import Node
     from broker.server.listener import BANNERS, ListenerError
@@ -38,6 +39,7 @@ async def run(settings: Settings, ready: asyncio.Event | None = None,
     node = Node(settings, inherited)
     node.add_plugin(Management())  # serves when a management listener is on
     node.add_plugin(Shovels())  # dynamic shovels, built in (RabbitMQ's shovel plugin)
+    node.add_plugin(Federation())  # federated exchanges and queues (the federation plugin)
     try:
         await node.start()
     except (ListenerError, TlsError, NodeNameTaken, ClusterUnavailable) as exc:
@@ -60,6 +62,14 @@ async def run(settings: Settings, ready: asyncio.Event | None = None,
     log.info("shutdown requested")
     await node.stop()
     return 0
+
+
+def _check_plugins(settings: Settings) -> None:
+    """What the config file holds for a plugin, judged by the plugin before anything starts:
+    a bad static shovel is a configuration error like any other (exit 2)."""
+    from broker.shovel.definition import check_static
+
+    check_static(settings.shovels)
 
 
 def _check_data_dir(settings: Settings) -> str | None:
@@ -105,6 +115,7 @@ def _lock_data_dir(settings: Settings, wait_s: float = 0.0) -> tuple[int, str | 
 def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(argv)
+        _check_plugins(settings)
     except ConfigError as exc:
         print(f"hare-server: {exc}", file=sys.stderr)
         return 2

@@ -23,13 +23,13 @@ TOOLS = ("hare_perf", "hare_bench")
 # lower number = lower layer; a module may import only from layers below its own
 RANK = {
     # the bottom: wire format, settings, logging
-    "protocol": 0, "config": 0, "logs": 0,
+    "protocol": 0, "config": 0, "logs": 0, "amqp_uri": 0,
     "message": 1, "access": 1,
     # routing, stores, flow control
     "routing": 2, "store": 2, "flow": 2,
     "queue": 3,
     "server": 4, "policy": 4,
-    "cluster": 5, "mgmt": 5, "shovel": 5,
+    "cluster": 5, "mgmt": 5, "shovel": 5, "federation": 5,
     "vhost_params": 6,
     "vhost": 7,
     # on top: the node, its entry points, tools and connectors outside the broker
@@ -92,7 +92,7 @@ def test_imports_go_down_the_layers(path: Path) -> None:
 # Plugins (RabbitMQ's word): parts the node starts beside itself. Each is registered on the
 # node by its registrar (broker/node/plugin.py: Node.add_plugin) and fed the node's events;
 # nothing else names it, not even for a type.
-PLUGINS = {"mgmt": ("cli",), "shovel": ("cli",)}
+PLUGINS = {"mgmt": ("cli",), "shovel": ("cli",), "federation": ("cli",)}
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(BROKER)))

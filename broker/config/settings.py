@@ -21,6 +21,7 @@ from broker.config.values import (
     MemoryWatermark,
     Parser,
     PermissionSpec,
+    ShovelSpec,
     SslVerify,
     TlsVersion,
     Unroutable,
@@ -173,6 +174,15 @@ class Settings:
         metadata=_m(
             v.permissions_value,
             "permissions to set at boot ([[permissions]] tables)",
+            file_only=True,
+        ),
+    )
+    # static shovels (RabbitMQ's shovel plugin `shovels` setting)
+    shovels: tuple[ShovelSpec, ...] = field(
+        default=(),
+        metadata=_m(
+            v.shovels_value,
+            "static shovels started at boot ([[shovels]] tables, docs/SHOVEL.md)",
             file_only=True,
         ),
     )
@@ -441,6 +451,8 @@ class Settings:
                 value = "***"
             elif f.name == "users":
                 value = [{"name": user.name, "tags": list(user.tags)} for user in value]
+            elif f.name == "shovels":
+                value = [shovel.shown() for shovel in value]
             elif isinstance(value, tuple):
                 value = [dataclasses.asdict(x) if dataclasses.is_dataclass(x) else x for x in value]
             elif isinstance(value, Path | MemoryWatermark):

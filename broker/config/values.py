@@ -28,6 +28,7 @@ __all__ = [
     "MemoryWatermark",
     "Parser",
     "PermissionSpec",
+    "ShovelSpec",
     "SslVerify",
     "TlsVersion",
     "Unroutable",
@@ -127,6 +128,27 @@ class PermissionSpec:
     configure: str
     write: str
     read: str
+
+
+@dataclass(frozen=True)
+class ShovelSpec:
+    """A static shovel from the config file: its name and the dynamic shovel's keys
+    (`src-uri`, `src-queue`, ...), checked by the shovel plugin when the server starts."""
+
+    name: str
+    value: dict[str, Any] = field(compare=True, hash=False)
+
+    def shown(self) -> dict[str, object]:
+        """For the start-up log line: the URIs' passwords left out."""
+        return {"name": self.name,
+                "value": {k: _no_password(v) if k.endswith("-uri") else v
+                          for k, v in self.value.items()}}
+
+
+def _no_password(uris: object) -> object:
+    if isinstance(uris, list):
+        return [_no_password(u) for u in uris]
+    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", uris) if isinstance(uris, str) else uris
 
 
 # ---- scalar parsers -------------------------------------------------------------------------
@@ -421,3 +443,20 @@ def permissions_value(value: object, from_text: bool) -> tuple[PermissionSpec, .
             )
         permissions.append(spec)
     return tuple(permissions)
+
+
+def shovels_value(value: object, from_text: bool) -> tuple[ShovelSpec, ...]:
+    """[[shovels]] tables: a `name` and the dynamic shovel's keys. Only the shape is checked
+    here; the keys are the shovel plugin's to judge (broker/shovel/definition.py), which
+    hare-server does before anything starts."""
+    shovels: list[ShovelSpec] = []
+    for index, raw in enumerate(_table_list(value)):
+        if not isinstance(raw, dict):
+            raise ValueError(f"entry {index + 1}: expected a table, got {_type_name(raw)}")
+        name = raw.get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"entry {index + 1}: missing key 'name' (a non-empty string)")
+        if any(shovel.name == name for shovel in shovels):
+            raise ValueError(f"entry {index + 1}: shovel {name!r} declared twice")
+        shovels.append(ShovelSpec(name, {k: v for k, v in raw.items() if k != "name"}))
+    return tuple(shovels)

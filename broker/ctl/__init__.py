@@ -35,6 +35,7 @@ from broker.ctl.client import (
 from broker.ctl.client import cell as _cell
 from broker.ctl.client import done as _done
 from broker.ctl.client import quote_name as _q
+from broker.ctl.federation import add_verbs as add_federation_verbs
 from broker.ctl.lists import add_verbs as add_list_verbs
 from broker.ctl.policy import add_verbs as add_policy_verbs
 from broker.ctl.quorum import add_verbs as add_quorum_verbs
@@ -349,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_access_verbs(verb)
     add_quorum_verbs(verb)
     add_shovel_verbs(verb)
+    add_federation_verbs(verb)
     verb("add_vhost", _add_vhost, "add a virtual host").add_argument("name")
     verb("delete_vhost", _delete_vhost, "delete a virtual host and all in it").add_argument(
         "name")

@@ -4,7 +4,9 @@ of components a plugin owns (the shovel plugin: broker/shovel). The component is
 nobody registered is 404, as RabbitMQ answers for a plugin that is not enabled.
 
 Who may: reading needs the management tag and the vhost; setting needs policymaker, as
-RabbitMQ's parameters do."""
+RabbitMQ's parameters do. Static shovels (from the config file) belong to no vhost: as in
+rabbitmq_shovel_management, only administrators see them, only in the unfiltered list, and
+neither delete path finds them (404)."""
 
 from __future__ import annotations
 
@@ -37,6 +39,14 @@ def _component(request: web.Request, name: str | None = None) -> ParameterCompon
     if component is None:
         raise ApiError(404, "Not Found")
     return component
+
+
+async def federation_links(request: web.Request) -> web.Response:
+    """/api/federation-links[/{vhost}]: the federation plugin's links (broker/federation),
+    which its `federation-upstream` component's status() lists."""
+    vhosts = await _visible(request)
+    return json_response([s for s in _component(request, "federation-upstream").status()
+                          if s["vhost"] in vhosts])
 
 
 async def _visible(request: web.Request) -> set[str]:
@@ -82,13 +92,26 @@ async def parameter_delete(request: web.Request) -> web.Response:
 
 async def shovels_list(request: web.Request) -> web.Response:
     vhosts = await _visible(request)
+    static_too = "vhost" not in request.match_info and caller(request).is_admin
     return json_response([s for s in _component(request, SHOVEL).status()
-                          if s["vhost"] in vhosts])
+                          if s.get("vhost", None) in vhosts
+                          or ("vhost" not in s and static_too)])
+
+
+async def shovel_delete(request: web.Request) -> web.Response:
+    """DELETE /api/shovels/vhost/{vhost}/{name}: the management plugin's other way to delete
+    a dynamic shovel (its parameter goes with it)."""
+    vhost = vhost_of(request.app[NODE], request.match_info["vhost"])
+    if not _component(request, SHOVEL).delete(vhost.name, request.match_info["name"]):
+        raise ApiError(404, "Not Found")
+    return no_content()
 
 
 def add_routes(app: web.Application) -> None:
     m, p = Need.MANAGEMENT, Need.POLICYMAKER
     base = "/api/parameters/{component}"
+    add_route(app, "GET", "/api/federation-links", federation_links, m)
+    add_route(app, "GET", "/api/federation-links/{vhost}", federation_links, m)
     add_route(app, "GET", base, parameters_list, m)
     add_route(app, "GET", base + "/{vhost}", parameters_list, m)
     add_route(app, "GET", base + "/{vhost}/{name}", parameter_one, m)
@@ -96,3 +119,4 @@ def add_routes(app: web.Application) -> None:
     add_route(app, "DELETE", base + "/{vhost}/{name}", parameter_delete, p)
     add_route(app, "GET", "/api/shovels", shovels_list, m)
     add_route(app, "GET", "/api/shovels/{vhost}", shovels_list, m)
+    add_route(app, "DELETE", "/api/shovels/vhost/{vhost}/{name}", shovel_delete, p)

@@ -121,6 +121,7 @@ class Node:
         if self.durable is not None:
             self.durable.changed(vhost, what, obj)
         self.cluster.changed(vhost, what, obj)
+        self.events.definition_changed.notify((vhost, what, obj))
 
     async def start(self) -> None:
         """Bind every listener (TLS files read first), recover, listen on all, then serve

@@ -44,11 +44,14 @@ class Event(Generic[T]):
 class NodeEvents:
     """The events a node's parts report."""
 
-    __slots__ = ("channel_closed",)
+    __slots__ = ("channel_closed", "definition_changed")
 
     def __init__(self) -> None:
         # a channel has ended: its counters are final (the management's totals keep them)
         self.channel_closed: Event[Channel] = Event()
+        # (vhost, what, object) as Node.changed gets it: an exchange, queue, binding, policy
+        # or vhost changed (reported before a policy change is applied: act on the next turn)
+        self.definition_changed: Event[tuple[str | None, str, object]] = Event()
 
 
 class Plugin(Protocol):

@@ -100,6 +100,9 @@ _APPLIED = {
     # streams (broker/queue/stream_queue.py)
     "max-age": _max_age,
     "stream-max-segment-size-bytes": _integer(0, "segment size"),
+    # the federation plugin (broker/federation), which reads them from the matched policy
+    "federation-upstream": _text("federation upstream name"),
+    "federation-upstream-set": _text("federation upstream set name"),
 }
 # Keys RabbitMQ 3.10 accepts that mean nothing for Hare's queues (mirroring, a quorum queue's
 # or a stream's placement). Accepted, so a RabbitMQ definitions export loads, and logged as
@@ -189,6 +192,9 @@ def parse_policy(vhost: str, name: str, body: Mapping[str, Any], *,
         problem = (_APPLIED.get(key) or INERT_KEYS[key])(value)
         if problem:
             raise _invalid(problem)
+    if "federation-upstream" in definition and "federation-upstream-set" in definition:
+        raise _invalid("cannot specify federation-upstream, federation-upstream-set or "
+                       "federation-upstream-pattern together")
     return Policy(vhost, name, pattern, apply_to, dict(sorted(definition.items())), priority,
                   operator, regex)
 

@@ -183,6 +183,7 @@ class AMQQueue:
 
     def stop(self) -> None:
         """The queue is deleted: its durable state goes too."""
+        self._settle_posted(confirm=True)
         self.shutdown()
         if self.durability is not None:
             self.bq.purge()
@@ -193,6 +194,7 @@ class AMQQueue:
     def shutdown(self) -> None:
         """The broker stops: keep the durable state (clean index close happens in close())."""
         self.deleted = True
+        self._settle_posted(confirm=False)
         for ch in self._senders:
             ch.credit_flow.peer_down(self)
         self._senders.clear()
@@ -204,6 +206,21 @@ class AMQQueue:
                 timer.cancel()
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
+
+    def _settle_posted(self, *, confirm: bool) -> None:
+        """Publishes posted to the mailbox that the task will never take (the queue stops
+        before its next turn) get their answer now, or their publishers wait forever:
+        confirmed for a deleted queue (as RabbitMQ confirms a publish whose queue went
+        normally), nacked otherwise (a quorum leader stepping down: the publisher sends them
+        again, to the new leader)."""
+        by_channel: dict[PublishingChannel, list[int]] = {}
+        for item in self.mailbox.take():
+            if item[0] == "pubs" and item[1] is not None:
+                seqs = by_channel.setdefault(item[1], [])
+                seqs.extend(seq for _, seq in item[2] if seq)
+        for ch, seqs in by_channel.items():
+            if seqs:
+                ch.queue_confirmed(self, seqs if confirm else [], [] if confirm else seqs)
 
     # -- mailbox ----------------------------------------------------------------------------
     def post_publishes(self, channel: PublishingChannel | None,

@@ -243,6 +243,7 @@ class QuorumQueue(AMQQueue):
 
     def stop(self) -> None:
         """Deleted: its member log goes with it, without acking message by message."""
+        self._settle_posted(confirm=True)
         self._release_uncommitted(confirm=True)
         self.shutdown()
         if self.durability is not None:

@@ -8,6 +8,7 @@ doubling up to a cap. It runs as its own task: nothing in the broker waits on it
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,8 +16,10 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import aio_pika
 import structlog
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
-from aiormq.exceptions import ChannelNotFoundEntity
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractQueue
+from aiormq import Channel as RawChannel
+from aiormq.abc import DeliveredMessage
+from aiormq.exceptions import ChannelNotFoundEntity, DeliveryError
 
 from broker.shovel.definition import ShovelDefinition
 
@@ -25,33 +28,49 @@ __all__ = ["LocalBroker", "Shovel"]
 log = structlog.get_logger("hare.shovel")
 
 MAX_BACKOFF_S = 30.0
-_PROPERTIES = ("content_type", "content_encoding", "headers", "delivery_mode", "priority",
-               "correlation_id", "reply_to", "expiration", "message_id", "timestamp", "type",
-               "app_id")  # not user_id: the destination checks it against its own login
 
 
 class LocalBroker:
-    """Where `amqp://` with no host goes (the plugin's direct connection): this broker's own
-    AMQP listener, logged in as the node's default user."""
+    """Where a URI naming this broker goes: `amqp://` with no host (the plugin's direct
+    connection) or this node's own AMQP port on loopback with no credentials. The shovel
+    connects to this broker's listener logged in as its user through the node's direct
+    secret (AccessControl.direct_secret), so the user's permissions apply to everything it
+    reads and writes, as the plugin's direct connections do."""
 
-    def __init__(self, port: int, user: str, password: str) -> None:
-        self.port, self.user, self.password = port, user, password
+    def __init__(self, port: int, secret: str) -> None:
+        self.port, self.secret = port, secret
 
-    def resolve(self, uri: str, vhost: str) -> str:
+    def is_local(self, uri: str) -> bool:
         parts = urlsplit(uri)
-        if parts.hostname:
+        if not parts.hostname:
+            return True
+        default_port = 5671 if parts.scheme == "amqps" else 5672
+        return (parts.username is None and parts.scheme == "amqp"
+                and parts.hostname in _LOOPBACK and (parts.port or default_port) == self.port)
+
+    def resolve(self, uri: str, vhost: str, user: str) -> str:
+        if not self.is_local(uri):
             return uri
+        parts = urlsplit(uri)
         # the shovel's own vhost when the URI names none, as the plugin's direct connection
         path = parts.path if parts.path not in ("", "/") else "/" + quote(vhost, safe="")
-        login = f"{quote(self.user, safe='')}:{quote(self.password, safe='')}"
+        login = f"{quote(user, safe='')}:{quote(self.secret, safe='')}"
         netloc = f"{login}@127.0.0.1:{self.port}"
         return urlunsplit(("amqp", netloc, path, parts.query, ""))
 
 
+_LOOPBACK = ("localhost", "127.0.0.1", "::1")
+
+
 class Shovel:
+    """`user`: who it acts as on this broker (the defining user; the node's default user for
+    a static shovel). A static shovel has no vhost of its own: its local URIs mean "/"."""
+
     def __init__(self, vhost: str, name: str, definition: ShovelDefinition, local: LocalBroker,
-                 on_finished: Callable[[Shovel], None]) -> None:
+                 on_finished: Callable[[Shovel], None], *, user: str,
+                 static: bool = False) -> None:
         self.vhost, self.name, self.definition = vhost, name, definition
+        self.user, self.static = user, static
         self._local = local
         self._on_finished = on_finished
         self.state = "starting"
@@ -73,12 +92,15 @@ class Shovel:
     def status(self) -> dict[str, Any]:
         d = self.definition
         out: dict[str, Any] = {
-            "name": self.name, "vhost": self.vhost, "type": "dynamic", "state": self.state,
+            "name": self.name, "type": "static" if self.static else "dynamic",
+            "state": self.state,
             "timestamp": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.since)),
             "src_protocol": "amqp091", "dest_protocol": "amqp091",
             "src_uri": _redacted(d.src_uris[0]), "dest_uri": _redacted(d.dest_uris[0]),
             "messages_moved": self.moved,
         }
+        if not self.static:  # the plugin's static shovels belong to no vhost
+            out["vhost"] = self.vhost
         for key, value in (("src_queue", d.src_queue), ("src_exchange", d.src_exchange),
                            ("dest_queue", d.dest_queue), ("dest_exchange", d.dest_exchange)):
             if value is not None:
@@ -117,7 +139,7 @@ class Shovel:
     async def _connect(self, uris: tuple[str, ...], side: str) -> AbstractConnection:
         error: Exception | None = None
         for uri in uris:  # the plugin's list of URIs: the first that answers
-            url = self._local.resolve(uri, self.vhost)
+            url = self._local.resolve(uri, self.vhost, self.user)
             try:
                 conn = await aio_pika.connect(
                     url, timeout=10,
@@ -162,24 +184,33 @@ class Shovel:
         if remaining == 0:
             return
         await src_ch.set_qos(prefetch_count=d.prefetch)
-        pending: set[asyncio.Task[None]] = set()
+        # The hot path talks to aiormq's channels under aio-pika's: aio-pika publishes with
+        # wait=True, holding the channel's lock until each publish is written, which makes
+        # publishes one per writer turn (and wraps every delivery in an IncomingMessage).
+        src_raw, dest_raw = (await src_ch.get_underlay_channel(),
+                             await dest_ch.get_underlay_channel())
+        assert isinstance(src_raw, RawChannel) and isinstance(dest_raw, RawChannel)
+        pending: set[asyncio.Task[Any]] = set()
         finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-        def on_message(msg: AbstractIncomingMessage) -> None:
+        async def on_message(msg: DeliveredMessage) -> None:
             nonlocal remaining
             if remaining is not None:
                 if remaining <= 0:
                     return  # past the count: left unacked, so the source keeps it
                 remaining -= 1
-            # publishes leave in delivery order (each task writes before it first waits);
-            # their confirms are awaited side by side, up to the prefetch
-            task = asyncio.create_task(self._forward(dest_ch, msg))
+                if remaining == 0 and not finished.done():
+                    finished.set_result(None)
+            # aiormq runs each delivery in a task of its own, in delivery order; each writes
+            # its publish before it first waits, so publishes leave in that order and their
+            # confirms are awaited side by side, up to the prefetch
+            task = asyncio.current_task()
+            assert task is not None
             pending.add(task)
             task.add_done_callback(pending.discard)
-            if remaining == 0 and not finished.done():
-                finished.set_result(None)
+            await self._forward(dest_raw, src_raw, msg)
 
-        await queue.consume(on_message, no_ack=d.ack_mode == "no-ack")
+        await src_raw.basic_consume(queue.name, on_message, no_ack=d.ack_mode == "no-ack")
         self._set("running")
         await asyncio.wait((finished, closed), return_when=asyncio.FIRST_COMPLETED)
         if closed.done():
@@ -200,26 +231,30 @@ class Shovel:
             return queue, queue.declaration_result.message_count or 0
         return queue, None if d.delete_after == "never" else int(d.delete_after)
 
-    async def _forward(self, ch: AbstractChannel, msg: AbstractIncomingMessage) -> None:
+    async def _forward(self, dest: RawChannel, src: RawChannel, msg: DeliveredMessage) -> None:
         d = self.definition
-        props = {k: getattr(msg, k) for k in _PROPERTIES if getattr(msg, k) is not None}
-        out = aio_pika.Message(msg.body, **props)
+        props = msg.header.properties
+        if props.user_id is not None:  # the destination checks it against its own login
+            props = copy.copy(props)
+            props.user_id = None
         if d.dest_queue is not None:
             exchange, key = "", d.dest_queue
         elif d.dest_exchange is not None:
             exchange, key = d.dest_exchange, d.dest_exchange_key or msg.routing_key or ""
         else:  # neither: where the message was published, as the plugin
             exchange, key = msg.exchange or "", msg.routing_key or ""
-        target = ch.default_exchange if exchange == "" else await ch.get_exchange(
-            exchange, ensure=False)
+        tag = msg.delivery_tag
+        assert tag is not None
         try:
-            await target.publish(out, routing_key=key)
-        except aio_pika.exceptions.DeliveryError:
-            if d.ack_mode != "no-ack":
-                await msg.nack(requeue=True)  # the destination refused it: keep it at the source
+            # on-confirm: returns once the destination confirmed (a nack raises)
+            await dest.basic_publish(msg.body, exchange=exchange, routing_key=key,
+                                     properties=props, wait=False)
+        except DeliveryError:
+            if d.ack_mode != "no-ack":  # the destination refused it: keep it at the source
+                await src.basic_nack(tag, requeue=True, wait=False)
             return
         if d.ack_mode != "no-ack":
-            await msg.ack()
+            await src.basic_ack(tag, wait=False)
         self.moved += 1
 
 

@@ -92,3 +92,20 @@ def test_refused_password_keeps_the_reason_for_the_log() -> None:
     assert auth.attempts["amqp091"].failed == 1
     with pytest.raises(MechanismError):
         parse_response("PLAIN", b"bob-without-separators")
+
+
+def test_the_direct_secret_logs_in_any_existing_user_over_loopback_amqp_only() -> None:
+    """The node's own clients (shovels) act as a user without its password; from another
+    peer, over HTTP, or for a user that does not exist, the secret is a wrong password."""
+    auth = _auth()
+    secret = auth.direct_secret
+    assert len(secret) >= 40 and secret != _auth().direct_secret  # random per node start
+    who = auth.login(Credentials("bob", secret), mechanism="PLAIN", peer="p", loopback=True)
+    assert who.name == "bob"  # type: ignore[union-attr]
+    for user, loopback, protocol in (("bob", False, "amqp091"), ("bob", True, "http"),
+                                     ("carol", True, "amqp091")):
+        with pytest.raises(LoginRefused) as info:
+            auth.login(Credentials(user, secret), mechanism="PLAIN", peer="p",
+                       loopback=loopback, protocol=protocol)
+        assert info.value.reason == f"internal: user '{user}' - invalid credentials"
+        assert secret not in info.value.reason

@@ -37,6 +37,7 @@ def test_example_commented_tables_are_valid(tmp_path: Path) -> None:
     assert check_password("change-me", settings.users[0].password_hash)
     assert check_password("test12", settings.users[1].password_hash)
     assert settings.permissions[0].configure == r"^app\."
+    assert [shovel.name for shovel in settings.shovels] == ["orders-in"]
 
 
 def test_doc_gives_every_key_env_and_flag() -> None:

@@ -141,7 +141,8 @@ def test_every_key_has_flag_and_env_except_tables() -> None:
     for name, f in key_info().items():
         assert (flag_name(name) in flags) is not f.metadata["file_only"], name
         assert env_name(name) == "HARE_" + name.upper()
-    assert {n for n, f in key_info().items() if f.metadata["file_only"]} == {"users", "permissions"}
+    assert {n for n, f in key_info().items() if f.metadata["file_only"]} == {
+        "users", "permissions", "shovels"}
 
 
 def test_help_lists_flags_with_env_and_default(capsys: pytest.CaptureFixture[str]) -> None:
@@ -397,3 +398,29 @@ def test_tls_keys_that_do_not_fit_together(argv: list[str], must_name: list[str]
     message = error_of(argv)
     for word in must_name:
         assert word in message, (word, message)
+
+
+def test_shovels_tables_keep_their_keys_and_hide_uri_passwords(tmp_path: Path) -> None:
+    config = write(tmp_path, '[[shovels]]\nname = "in"\nsrc-uri = "amqp://u:p4ss-word@h/x"\n'
+                             'src-queue = "a"\ndest-uri = ["amqp://"]\n')
+    (shovel,) = load_settings(["--config", str(config)], {}).shovels
+    assert shovel.name == "in"
+    assert shovel.value == {"src-uri": "amqp://u:p4ss-word@h/x", "src-queue": "a",
+                            "dest-uri": ["amqp://"]}
+    shown = str(load_settings(["--config", str(config)], {}).redacted())
+    assert "p4ss-word" not in shown and "amqp://u:***@h/x" in shown
+
+
+@pytest.mark.parametrize(
+    ("tables", "must_name"),
+    [
+        ('[[shovels]]\nsrc-queue = "a"\n', "entry 1: missing key 'name'"),
+        ('[[shovels]]\nname = "a"\n[[shovels]]\nname = "a"\n',
+         "entry 2: shovel 'a' declared twice"),
+        ('shovels = "x"\n', "expected an array of tables"),
+    ],
+)
+def test_bad_shovel_table(tmp_path: Path, tables: str, must_name: str) -> None:
+    config = write(tmp_path, tables)
+    message = error_of(["--config", str(config)])
+    assert f"config file {config}: shovels: " in message and must_name in message

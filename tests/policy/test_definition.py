@@ -32,6 +32,11 @@ def policy(name: str = "p", pattern: str = "^q", operator: bool = False, **body)
     ({"alternate-exchange": 5}, "5 is not a valid alternate exchange name"),
     ({"foo": 1, "bar": 2}, '[{<<"bar">>,2},{<<"foo">>,1}] are not recognised policy settings'),
     ({}, "no policy provided"),
+    ({"federation-upstream": 1}, "1 is not a valid federation upstream name"),
+    ({"federation-upstream-set": ["a"]}, '[<<"a">>] is not a valid federation upstream set name'),
+    ({"federation-upstream": "a", "federation-upstream-set": "all"},
+     "cannot specify federation-upstream, federation-upstream-set or "
+     "federation-upstream-pattern together"),
 ])
 def test_invalid_definitions_get_rabbitmqs_reason(definition, reason):
     with pytest.raises(PolicyInvalid) as err:
@@ -54,6 +59,11 @@ def test_invalid_bodies(body, reason):
     with pytest.raises(PolicyInvalid) as err:
         parse_policy("/", "p", body)
     assert err.value.reason == reason
+
+
+def test_federation_keys_are_applied_keys():
+    p = policy(definition={"federation-upstream-set": "all"}, **{"apply-to": "exchanges"})
+    assert p.definition == {"federation-upstream-set": "all"} and p.inert_keys() == []
 
 
 def test_bad_pattern_is_refused():

@@ -89,6 +89,31 @@ async def test_moves_every_message_in_order_and_empties_the_source(hare: MgmtBro
     assert hare.api("DELETE", "/api/parameters/shovel/%2F/move")[0] == 204
 
 
+async def test_properties_travel_and_user_id_is_dropped(hare: MgmtBroker) -> None:
+    """The message's properties and headers reach the destination as published; user_id is
+    left out, since the destination checks it against the shovel's own login."""
+    async with await aio_pika.connect(hare.url) as conn:
+        ch = await conn.channel()
+        await ch.declare_queue("sv.props", durable=True)
+        await ch.default_exchange.publish(aio_pika.Message(
+            b"p", headers={"k": "v", "n": 7}, content_type="text/plain", priority=3,
+            correlation_id="c-1", message_id="m-1", reply_to="r", type="t", app_id="a",
+            user_id="guest", delivery_mode=aio_pika.DeliveryMode.PERSISTENT), "sv.props")
+    _shovel(hare, "props", {"src-uri": "amqp://", "src-queue": "sv.props",
+                            "dest-uri": "amqp://", "dest-queue": "sv.props.dest"})
+    async with await aio_pika.connect(hare.url) as conn:
+        q = await (await conn.channel()).declare_queue("sv.props.dest", durable=True)
+        async with asyncio.timeout(20), q.iterator() as it:
+            async for msg in it:
+                await msg.ack()
+                break
+    assert msg.headers == {"k": "v", "n": 7} and msg.content_type == "text/plain"
+    assert (msg.priority, msg.correlation_id, msg.message_id) == (3, "c-1", "m-1")
+    assert (msg.reply_to, msg.type, msg.app_id) == ("r", "t", "a")
+    assert msg.delivery_mode == aio_pika.DeliveryMode.PERSISTENT and msg.user_id is None
+    assert hare.api("DELETE", "/api/parameters/shovel/%2F/props")[0] == 204
+
+
 async def test_src_delete_after_queue_length_moves_what_was_there_then_goes(
         hare: MgmtBroker) -> None:
     await _publish(hare.url, "sv.once", [b"%d" % i for i in range(100)])
@@ -115,13 +140,65 @@ async def test_src_delete_after_queue_length_moves_what_was_there_then_goes(
     ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "dest-queue": "b",
       "dest-protocol": "amqp10"}, "amqp091"),
     ("not an object", "object"),
+    # the plugin's own checks (rabbit_shovel_parameters), with its texts
+    ({"src-uri": "amqp://", "src-queue": "a", "src-exchange": "x", "dest-uri": "amqp://"},
+     "Cannot specify 'src-exchange' and 'src-queue'"),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "dest-queue": "b",
+      "dest-exchange": "x"}, "Cannot specify 'dest-exchange' and 'dest-queue'"),
+    ({"src-uri": "amqp://h:99999", "src-queue": "a", "dest-uri": "amqp://"},
+     'src-uri: "amqp://h:99999" not a valid URI'),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": ["amqp://", "amqp://h:port"]},
+     'dest-uri: "amqp://h:port" not a valid URI'),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://[::1"}, "not a valid URI"),
+    ({"src-uri": "amqp://h/a/b", "src-queue": "a", "dest-uri": "amqp://"}, "one path segment"),
+    ({"src-uri": [], "src-queue": "a", "dest-uri": "amqp://"}, "src-uri"),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://",
+      "src-prefetch-count": -1}, "src-prefetch-count"),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://",
+      "prefetch-count": 70000}, "src-prefetch-count"),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://",
+      "src-prefetch-count": 2.5}, "src-prefetch-count"),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://",
+      "reconnect-delay": -1}, "reconnect-delay"),
+    ({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://", "ack-mode": "no-ack",
+      "src-delete-after": 10}, "Cannot specify 'no-ack' and numerical 'delete-after'"),
+    ({"src-uri": "amqp://", "src-queue": "q" * 256, "dest-uri": "amqp://"}, "255 bytes"),
+    ({"src-uri": "amqp://", "src-queue": 7, "dest-uri": "amqp://"}, "src-queue"),
 ])
 async def test_a_malformed_definition_is_refused_and_nothing_changes(
         hare: MgmtBroker, value: Any, reason: str) -> None:
     status, body = hare.api("PUT", "/api/parameters/shovel/%2F/bad", {"value": value})
     assert status == 400 and reason in body["reason"], body
+    assert body["reason"].startswith("Validation failed\n\n")  # RabbitMQ's form
     assert hare.api("GET", "/api/parameters/shovel/%2F/bad")[0] == 404
     assert not any(r["name"] == "bad" for r in hare.get("/api/shovels"))
+
+
+async def test_a_malformed_update_leaves_the_running_shovel_as_it_was(
+        hare: MgmtBroker) -> None:
+    value = {"src-uri": "amqp://", "src-queue": "sv.keep", "dest-uri": "amqp://",
+             "dest-queue": "sv.keep.dest"}
+    _shovel(hare, "keep", value)
+    await _state(hare, "keep", lambda r: r["state"] == "running")
+    status, body = hare.api("PUT", "/api/parameters/shovel/%2F/keep",
+                            {"value": {**value, "src-prefetch-count": -5}})
+    assert status == 400 and "src-prefetch-count" in body["reason"]
+    assert hare.get("/api/parameters/shovel/%2F/keep")["value"] == value
+    await _publish(hare.url, "sv.keep", [b"still shovelled"])
+    assert await _drain(hare.url, "sv.keep.dest", 1) == [b"still shovelled"]
+    assert hare.api("DELETE", "/api/parameters/shovel/%2F/keep")[0] == 204
+
+
+async def test_the_plugins_older_key_names_are_accepted(hare: MgmtBroker) -> None:
+    """prefetch-count and delete-after, the pre-3.7 names the plugin still reads (its own
+    README's example uses them)."""
+    await _publish(hare.url, "sv.old", [b"1", b"2", b"3"])
+    _shovel(hare, "old", {"src-uri": "amqp://", "src-queue": "sv.old", "dest-uri": "amqp://",
+                          "dest-queue": "sv.old.dest", "prefetch-count": 5,
+                          "delete-after": "queue-length"})
+    await hare.until("/api/parameters/shovel", lambda rows: not any(
+        r["name"] == "old" for r in rows), timeout=20)
+    assert await _drain(hare.url, "sv.old.dest", 3) == [b"1", b"2", b"3"]
 
 
 async def test_delete_stops_the_shovel(hare: MgmtBroker) -> None:
@@ -136,6 +213,17 @@ async def test_delete_stops_the_shovel(hare: MgmtBroker) -> None:
     await asyncio.sleep(0.5)
     assert await _depth(hare.url, "sv.stop") == 1
     assert not any(r["name"] == "stopme" for r in hare.get("/api/shovels"))
+
+
+async def test_the_management_plugins_delete_path_deletes_a_dynamic_shovel(
+        hare: MgmtBroker) -> None:
+    _shovel(hare, "viashovels", {"src-uri": "amqp://", "src-queue": "sv.via",
+                                 "dest-uri": "amqp://", "dest-queue": "sv.via.dest"})
+    await _state(hare, "viashovels", lambda r: r["state"] == "running")
+    assert hare.api("DELETE", "/api/shovels/vhost/%2F/viashovels")[0] == 204
+    assert hare.api("GET", "/api/parameters/shovel/%2F/viashovels")[0] == 404
+    assert not any(r["name"] == "viashovels" for r in hare.get("/api/shovels"))
+    assert hare.api("DELETE", "/api/shovels/vhost/%2F/viashovels")[0] == 404
 
 
 async def test_a_shovel_survives_a_restart_and_resumes(tmp_path: Path) -> None:
@@ -222,7 +310,8 @@ async def test_reconnect_backoff_doubles_and_restarts_after_a_session_that_moved
     backoff afresh for the next failure only, not for every failure after it."""
     definition = parse_definition({"src-uri": "amqp://", "src-queue": "a", "dest-uri": "amqp://",
                                    "dest-queue": "b", "reconnect-delay": 1})
-    shovel = Shovel("/", "backoff", definition, LocalBroker(1, "u", "p"), lambda s: None)
+    shovel = Shovel("/", "backoff", definition, LocalBroker(1, "secret"), lambda s: None,
+                     user="u")
     moved_per_session = [0, 0, 0, 5, 0, 0]
     sleeps: list[float] = []
 
