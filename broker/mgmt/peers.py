@@ -65,12 +65,13 @@ async def peer_items(node: Node, kind: str) -> list[dict[str, Any]]:
 
 
 async def queues_from_homes(node: Node, local: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`local` (this node's view of the queues) with each queue homed on a peer replaced by
-    its home's entry (counts, consumers, rates); a peer that did not answer keeps ours."""
+    """`local` (this node's view of the queues) with each queue homed on a peer taking its
+    home's figures (counts, consumers, rates) over ours, and keeping what only this node
+    knows (a quorum follower's own `member` state); a peer that did not answer: ours."""
     if not any(q["node"] != node.name for q in local):
         return local
     homes = {(q["vhost"], q["name"]): q for q in await peer_items(node, "queues")}
-    return [homes.get((q["vhost"], q["name"]), q) if q["node"] != node.name else q
+    return [{**q, **homes.get((q["vhost"], q["name"]), {})} if q["node"] != node.name else q
             for q in local]
 
 
