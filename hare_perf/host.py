@@ -17,6 +17,7 @@ __all__ = [
     "machine_busy",
     "others_busy",
     "process_cpu_s",
+    "process_tree",
     "rss_kib",
     "settled_rss",
     "wait_quiet",
@@ -26,8 +27,21 @@ _HZ = os.sysconf("SC_CLK_TCK")
 _SETTLE_S = 1.0  # before reading RSS: let the broker finish allocating and collecting
 
 
-def rss_kib(pid: int) -> int:
-    """VmRSS of a process from /proc (Linux), in KiB."""
+def process_tree(pid: int) -> list[int]:
+    """The process and its descendants: a broker may be a parent and its workers (a
+    multi-worker hare-server), whose CPU and RSS are the broker's."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        try:
+            todo += [int(x) for x in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except OSError:
+            pass
+    return found
+
+
+def _rss_one(pid: int) -> int:
     with open(f"/proc/{pid}/status") as status:
         for line in status:
             if line.startswith("VmRSS:"):
@@ -35,11 +49,27 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
+def rss_kib(pid: int) -> int:
+    """VmRSS of a process and its descendants from /proc (Linux), in KiB."""
+    total = _rss_one(pid)
+    for child in process_tree(pid)[1:]:
+        try:
+            total += _rss_one(child)
+        except (OSError, RuntimeError):
+            pass  # gone meanwhile, or a zombie
+    return total
+
+
 def process_cpu_s(pids: list[int]) -> float:
     """CPU seconds (user + system) the processes have used so far."""
     total = 0.0
     for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            if pid == pids[0]:
+                raise
+            continue  # a descendant gone meanwhile
         total += (int(fields[11]) + int(fields[12])) / _HZ  # utime, stime
     return total
 
@@ -66,7 +96,7 @@ def cpu_snapshot(pid: int | None) -> CpuSnapshot | None:
         # irq/softirq time is left out of busy: it is the benchmark's own (loopback TCP) and
         # charged to no process, so it must not count as someone else's
         busy = machine_busy()[0]
-        broker = process_cpu_s([pid]) if pid else 0.0
+        broker = process_cpu_s(process_tree(pid)) if pid else 0.0
     except (OSError, ValueError, IndexError):
         return None
     t = os.times()  # our own CPU and that of the workers we have joined

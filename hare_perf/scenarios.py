@@ -124,6 +124,30 @@ async def publish_only(p: Params) -> dict[str, float]:
     return await with_control(p.url, p.timeout_s, "publish-only", body)
 
 
+async def publish_only_4(p: Params) -> dict[str, float]:
+    """publish-only with 4 publishers, each a process and a connection of its own, each to
+    a queue of its own: p.count messages each; the rate is all of them over the first
+    publisher's start to the last one's round trip (a broker using several cores shows)."""
+
+    async def body(ctl: Control, crew: Crew) -> dict[str, float]:
+        names = [await ctl.queue(f"q{i}") for i in range(4)]
+        pubs = [crew.start(publisher_main, _publisher(p, "", [name], wait_queue=name),
+                           f"publisher-{i}") for i, name in enumerate(names)]
+        await crew.ready(pubs)
+        crew.go(pubs)
+        rs = [await crew.result(x) for x in pubs]
+        t0 = min(r["t_start"] for r in rs)
+        return {
+            **_cpu(*rs),
+            "msg_s": _rate(4 * p.count, t0, max(r["t_done"] for r in rs)),
+            "write_msg_s": _rate(4 * p.count, t0, max(r["t_written"] for r in rs)),
+            "published": 4 * p.count,
+            "delivered": float(sum(await _depths(ctl, names))),
+        }
+
+    return await with_control(p.url, p.timeout_s, "publish-only-4", body)
+
+
 async def drain(p: Params) -> dict[str, float]:
     async def body(ctl: Control, crew: Crew) -> dict[str, float]:
         queue = await ctl.queue()
@@ -406,6 +430,15 @@ SCENARIOS: dict[str, Scenario] = {
             "transient publishes to a queue with no consumer, confirms off",
             publish_only,
             300_000,
+            256,
+            2_000,
+            (*_RATE, ("write_msg_s", "written msg/s")),
+        ),
+        Scenario(
+            "publish-only-4",
+            "publish-only with 4 publishers on 4 queues, count messages each",
+            publish_only_4,
+            150_000,
             256,
             2_000,
             (*_RATE, ("write_msg_s", "written msg/s")),

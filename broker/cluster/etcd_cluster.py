@@ -9,6 +9,7 @@ resumed from the last revision seen (or everything is read again when etcd compa
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import socket
 import time
@@ -28,10 +29,12 @@ from broker.cluster.remote_queue import RemoteQueue
 from broker.queue.amqqueue import AMQQueue
 from broker.queue.stream_queue import StreamQueue
 from broker.queue.types import queue_class
+from broker.server.direct_reply import reply_node
 from broker.store import layout
 from broker.store.definitions import decode_table, encode_table
 
 if TYPE_CHECKING:
+    from broker.message import Message
     from broker.node import Node
     from broker.queue.consumer import Consumer
     from broker.queue.contract import QueueType
@@ -108,6 +111,7 @@ class EtcdCluster:
                              name="cluster:lease"),
         ]
         self.node.alarms.subscribe(self._alarm_changed)
+        self.membership.on_card = self._peer_alarms
         log.info("joined cluster", cluster=self.name, node=self.node.name,
                  running=sorted(self.membership.running))
 
@@ -205,6 +209,15 @@ class EtcdCluster:
         if self._card_task is None or self._card_task.done():
             self._card_task = asyncio.get_running_loop().create_task(self._publish_card())
 
+    def _peer_alarms(self) -> None:
+        """A resource alarm on any running node blocks the publishers of every node (as in a
+        RabbitMQ cluster): a node's queues take the others' publishes over the link, so one
+        node's memory is everyone's concern; and a multi-worker hare-server's one watermark
+        is its workers' shares together."""
+        raised = {r for name, card in self.membership.running.items()
+                  if name != self.node.name for r in card.get("alarms", [])}
+        self.node.set_peer_alarms(frozenset(raised))
+
     async def _publish_card(self) -> None:
         with contextlib.suppress(EtcdUnavailable):
             await self.membership.refresh_card()
@@ -288,9 +301,10 @@ class EtcdCluster:
 
     def _locate(self, arguments: dict[str, Any]) -> str:
         """The home of a new queue: the declaring node (RabbitMQ's client-local), or with
-        x-queue-leader-locator = balanced the running node with the fewest queues."""
+        x-queue-leader-locator = balanced (or the setting queue_master_locator) the running
+        node with the fewest queues."""
         locator = arguments.get("x-queue-leader-locator") or arguments.get(
-            "x-queue-master-locator")
+            "x-queue-master-locator") or self.node.settings.queue_master_locator
         if isinstance(locator, bytes):
             locator = locator.decode()
         if locator not in ("balanced", "min-masters"):
@@ -442,6 +456,45 @@ class EtcdCluster:
         with contextlib.suppress(ValueError):
             q.consumers.remove(consumer)
         consumer.channel.consumer_cancelled_by_queue(consumer)
+
+    async def ask_peers(self, op: str, message: dict[str, Any]) -> list[dict[str, Any]]:
+        async def ask(link: Link) -> dict[str, Any] | None:
+            try:
+                return await link.call({**message, "op": op})
+            except LinkError:
+                return None  # down or slow: its part is left out, the rest is answered
+
+        peers = [x for x in (self.links.get(n) for n in self.membership.running
+                             if n != self.node.name) if x is not None]
+        answers = await asyncio.gather(*(ask(x) for x in peers))
+        return [a for a in answers if a is not None]
+
+    async def settled(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while (waiting := self.quorum.unled_alone()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if waiting:
+            log.warning("quorum queues not led yet at start", queues=[k[1] for k in waiting])
+
+    def _reply_link(self, name: str) -> Link | None:
+        node = reply_node(name)
+        return self.links.get(node) if node and node != self.node.name else None
+
+    def forward_reply(self, msg: Message) -> None:
+        link = self._reply_link(msg.routing_key)
+        if link is not None:
+            link.control({"op": "dreply", "ex": msg.exchange, "rk": msg.routing_key,
+                          "props": base64.b64encode(msg.props).decode(),
+                          "body": base64.b64encode(msg.body).decode()})
+
+    async def reply_alive(self, name: str) -> bool:
+        link = self._reply_link(name)
+        if link is None:
+            return False
+        try:
+            return bool((await link.call({"op": "dreply_alive", "name": name})).get("alive"))
+        except LinkError:
+            return False
 
     def link(self, peer: str) -> Link:
         link = self.links.get(peer)

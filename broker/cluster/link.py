@@ -285,6 +285,11 @@ class Link:
                 with self.cluster.metadata.quiet():
                     self.cluster.place_queue(vhost, record, new=bool(m.get("new")))
             return {}
+        if op == "dreply_alive":  # a direct-reply name of a channel here?
+            return {"alive": self.cluster.node.reply_registry.lookup(m["name"]) is not None}
+        handler = self.cluster.node.peer_handlers.get(op)
+        if handler is not None:  # a part of the node's own asked by a peer (management)
+            return await handler(m)
         q = self._local_queue(m["v"], m["q"])
         if q is None:
             return {"missing": True}
@@ -328,6 +333,15 @@ class Link:
                 self.cluster.consumer_gone(consumer)
         elif op == "sender_down":
             self._on_sender_down(m)
+        elif op == "dreply":  # a direct reply published on the peer to a name held here
+            target = self.cluster.node.reply_registry.lookup(m["rk"])
+            if target is not None:
+                target.deliver_reply(Message(m["ex"], m["rk"], base64.b64decode(m["props"]),
+                                             base64.b64decode(m["body"])))
+        elif op == "waiting":  # a consumer of one of our queues, on the peer, waits on it
+            q = self._local_queue(m["v"], m["q"])
+            if q is not None:
+                q.consumer_waiting()
         elif op == "reply":
             future = self._calls.get(m["call"])
             if future is not None and not future.done():

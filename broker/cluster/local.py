@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from broker.message import Message
     from broker.node import Node
     from broker.vhost import VHost
 
@@ -34,6 +35,25 @@ class Member:
 class Cluster(Protocol):
     name: str  # the cluster's name (RabbitMQ's cluster_name)
     clustered: bool
+
+    async def ask_peers(self, op: str, message: dict[str, Any]) -> list[dict[str, Any]]:
+        """Ask every running peer `op` (a handler in its `Node.peer_handlers`); the answers
+        of those that gave one (a single node: none)."""
+        ...
+
+    def forward_reply(self, msg: Message) -> None:
+        """A direct reply to a name another node holds: delivered there (or dropped, as a
+        reply to a name nobody holds)."""
+        ...
+
+    async def reply_alive(self, name: str) -> bool:
+        """Whether another node holds direct-reply name `name`."""
+        ...
+
+    async def settled(self, timeout_s: float) -> None:
+        """Start-up's last step: until the quorum queues only this node holds lead again
+        (at most `timeout_s`), so a client told "listening" finds them."""
+        ...
 
     async def start(self) -> None:
         """Join (before recovery: a refused name stops start-up)."""
@@ -92,6 +112,18 @@ class LocalCluster:
 
     async def stop(self) -> None:
         pass
+
+    async def ask_peers(self, op: str, message: dict[str, Any]) -> list[dict[str, Any]]:
+        return []
+
+    def forward_reply(self, msg: Message) -> None:
+        pass
+
+    async def settled(self, timeout_s: float) -> None:
+        pass
+
+    async def reply_alive(self, name: str) -> bool:
+        return False
 
     def members(self) -> list[Member]:
         return [Member(self.node.name, True, self_card(self.node, self._started_ms))]

@@ -54,6 +54,7 @@ class Membership:
         # refreshed it, so never later than etcd's own expiry
         self.lease_until = 0.0
         self.on_rejoined: Callable[[], None] | None = None  # our lease had expired
+        self.on_card: Callable[[], None] | None = None  # a running node's card changed
         self.lease_lost = 0  # times our lease expired under us (partitions survived)
 
     # -- our own card -----------------------------------------------------------------------
@@ -166,6 +167,8 @@ class Membership:
                 log.info("cluster node " + ("up" if now else "down"), node=name)
                 if self.on_change is not None:
                     self.on_change(name, now)
+            if self.on_card is not None:
+                self.on_card()
         elif kv.key.startswith(self.known_prefix):
             name = kv.key[len(self.known_prefix):]
             if deleted:

@@ -82,6 +82,13 @@ class QuorumCoordinator:
         self._electing: set[Key] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
 
+    def unled_alone(self) -> list[Key]:
+        """The quorum queues whose only member is this node and that no process of it leads
+        yet: after a restart each waits for its own election (a vote and one transaction)."""
+        return [key for key, record in self.records.items()
+                if record["members"] == [self.me]
+                and self.won.get(key) != int(record["epoch"])]
+
     # -- placing records ------------------------------------------------------------------------
     def place(self, vhost: VHost, record: dict[str, Any], *, new: bool = False) -> None:
         key = (vhost.name, record["name"])

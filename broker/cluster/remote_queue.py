@@ -5,6 +5,7 @@ messages and consumers go over the inter-node link to the home node (broker/clus
 from __future__ import annotations
 
 import base64
+import time
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,9 @@ class _RemoteCredit(CreditFlow):
             link.sender_down(channel)
 
 
+WAITING_EVERY_S = 0.05
+
+
 class RemoteQueue:
     def __init__(self, vhost: VHost, record: dict[str, Any], cluster: EtcdCluster) -> None:
         self.vhost = vhost
@@ -69,6 +73,7 @@ class RemoteQueue:
         self.deleted = False
         self._senders: set[PublishingChannel] = set()  # told when it goes
         self.credit_flow = _RemoteCredit(self)
+        self._waiting_told = 0.0  # when the home queue was last told a consumer waits
         # a quorum queue's members and leader epoch (None: a queue homed on one node)
         self.members: list[str] | None = None
         self.epoch = 0
@@ -151,9 +156,18 @@ class RemoteQueue:
             link.settle(self, op, list(seqs), requeue)
 
     def consumer_waiting(self) -> None:
-        """A consumer here acked at once (docs/FLOW.md, busy queues). The home node's queue
-        is not told: across the link its consumers count as slow ones, whose queue grants
-        its publishers all their credit."""
+        """A consumer here acked at once (docs/FLOW.md, busy queues): the home queue is told,
+        so a queue whose consumers are on other nodes (workers) is busy like one whose
+        consumers are at home, and grants its publishers no more than it delivers; without
+        it, publishers outran those consumers without bound. At most every WAITING_EVERY_S
+        (the home holds "busy" for 0.25 s), so an ack-heavy consumer costs few frames."""
+        now = time.monotonic()
+        if now - self._waiting_told < WAITING_EVERY_S:
+            return
+        link = self.cluster.links.get(self.home)
+        if link is not None:
+            self._waiting_told = now
+            link.control({"op": "waiting", "v": self.vhost.name, "q": self.name})
 
     def ack(self, seqs: Iterable[int]) -> None:
         self._settle("ack", list(seqs))

@@ -344,6 +344,16 @@ class Settings:
         default=TlsVersion.TLS1_2,
         metadata=_m(v.choice_value(TlsVersion), "oldest TLS version of the HTTPS listener"),
     )
+    # processes (docs/ARCHITECTURE.md, "Process tree")
+    workers: int = field(
+        default=1,
+        metadata=_m(
+            v.workers_value,
+            "worker processes, each a node of a private cluster behind the one set of ports: "
+            "auto (shown as 0) is the cores this process may use, cgroup CPU limit included; "
+            "1 is a single process",
+        ),
+    )
     # identity and cluster (docs/CLUSTER.md)
     node_name: str = field(
         default="",
@@ -405,6 +415,14 @@ class Settings:
         metadata=_m(
             v.int_value(2, 600),
             "etcd lease TTL: a node silent this long is down for the cluster",
+        ),
+    )
+    queue_master_locator: str = field(
+        default="client-local",
+        metadata=_m(
+            v.locator_value,
+            "home of a new queue without x-queue-master-locator / x-queue-leader-locator: "
+            "client-local (the declaring node) or balanced (min-masters: the fewest queues)",
         ),
     )
     quorum_initial_group_size: int = field(

@@ -175,6 +175,24 @@ def int_value(lo: int, hi: int | None = None) -> Parser:
     return parse
 
 
+def workers_value(value: object, from_text: bool) -> int:
+    """`auto` (stored as 0: the cores this process may use, resolved at start) or a count."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return 0
+    try:
+        return int_value(1, 1024)(value, from_text)
+    except ValueError as exc:
+        raise ValueError(f"expected auto or {exc.args[0].removeprefix('expected ')}") from None
+
+
+def locator_value(value: object, from_text: bool) -> str:
+    """RabbitMQ's queue_master_locator values Hare places by (random: not offered)."""
+    text = string_value(value, from_text)
+    if text not in ("client-local", "balanced", "min-masters"):
+        raise ValueError(f"expected client-local, balanced or min-masters, got {text!r}")
+    return text
+
+
 def _to_float(value: object, from_text: bool) -> float:
     if from_text and isinstance(value, str):
         try:

@@ -35,6 +35,7 @@ from broker.mgmt.http import (
     no_content,
     read_json,
 )
+from broker.mgmt.peers import peer_items, peer_totals, queues_from_homes
 from broker.mgmt.stats import channels, details, stores
 from broker.mgmt.views import (
     bindings_of,
@@ -114,6 +115,13 @@ async def overview(request: web.Request) -> web.Response:
     exchanges = sum(len(v.exchanges) for v in vhosts)
     consumers = sum(len(q.consumers) for q in shown_queues)
     totals = stats.totals() if who.is_monitor else _queue_totals(shown_queues, chans)
+    peer_conns = peer_chans = 0
+    if who.is_monitor:  # the node-wide figures of the other workers (nodes) added in
+        for part in await peer_totals(node):
+            peer_conns += part["connections"]
+            peer_chans += part["channels"]
+            for key, value in part["totals"].items():
+                totals[key] = totals.get(key, 0) + value
     message_stats: dict[str, Any] = {}
     for key in ("publish", "confirm", "return_unroutable", "deliver_get", "ack", "redeliver"):
         message_stats[key] = totals[key]
@@ -126,8 +134,8 @@ async def overview(request: web.Request) -> web.Response:
         **product(),
         "cluster_name": node.cluster.name,
         "object_totals": {
-            "connections": len(conns),
-            "channels": len(chans),
+            "connections": len(conns) + peer_conns,
+            "channels": len(chans) + peer_chans,
             "exchanges": exchanges,
             "queues": len(shown_queues),
             "consumers": consumers,
@@ -252,7 +260,8 @@ async def connections(request: web.Request) -> web.Response:
     return json_response(_sort(request, [
         connection_json(conn, node) for conn in opened_connections(node)
         if conn.vhost.name in names and who.sees(conn)
-    ]))
+    ] + [c for c in await peer_items(node, "connections")  # other workers' or nodes'
+         if c["vhost"] in names and (who.is_monitor or c["user"] == who.name)]))
 
 
 def _connection(request: web.Request, name: str) -> Reader:
@@ -295,7 +304,8 @@ async def channels_list(request: web.Request) -> web.Response:
     return json_response(_sort(request, [
         channel_json(ch, node) for ch in channels(node)
         if ch.vhost.name in names and who.sees(ch.reader)
-    ]))
+    ] + [c for c in await peer_items(node, "channels")
+         if c["vhost"] in names and (who.is_monitor or c["user"] == who.name)]))
 
 
 async def consumers(request: web.Request) -> web.Response:
@@ -369,17 +379,17 @@ async def exchange_bindings(request: web.Request) -> web.Response:
 async def queues_list(request: web.Request) -> web.Response:
     node = request.app[NODE]
     stats = request.app[STATS]
-    return json_response(_sort(request, [
+    return json_response(_sort(request, await queues_from_homes(node, [
         queue_json(q, stats, node.name)
         for vhost in await visible_vhosts(request) for q in list(vhost.queues.values())
-    ]))
+    ])))
 
 
 async def queue_one(request: web.Request) -> web.Response:
     node = request.app[NODE]
     vhost = vhost_of(node, request.match_info["vhost"])
     q = _queue(vhost, request.match_info["name"])
-    out = queue_json(q, request.app[STATS], node.name)
+    out = (await queues_from_homes(node, [queue_json(q, request.app[STATS], node.name)]))[0]
     out["consumer_details"] = [consumer_json(c) for c in list(q.consumers)]
     return json_response(out)
 

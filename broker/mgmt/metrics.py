@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from broker import __version__
 from broker.flow.memory_monitor import process_memory
 from broker.mgmt.http import NODE, STATS
+from broker.mgmt.peers import peer_items, peer_totals
 from broker.mgmt.stats import Stats, channels, queues, stores
 
 if TYPE_CHECKING:
@@ -31,9 +32,15 @@ def _store_stats(node: Node) -> list[tuple[str, dict[str, Any]]]:
 
 
 class HareCollector(Collector):
-    def __init__(self, node: Node, stats: Stats) -> None:
+    """The node's figures; with `peers` (the other nodes' or workers' parts, mgmt/peers.py)
+    the whole broker's: queues with their home's counts, node-wide figures summed."""
+
+    def __init__(self, node: Node, stats: Stats, peers: list[dict[str, Any]] | None = None,
+                 homes: dict[tuple[str, str], dict[str, Any]] | None = None) -> None:
         self.node = node
         self.stats = stats
+        self.peers = peers or []
+        self.homes = homes or {}
 
     def collect(self) -> Iterator[Any]:
         node = self.node
@@ -48,12 +55,17 @@ class HareCollector(Collector):
 
         conns = [c for c in list(node.connections) if c.vhost is not None]
         all_queues = list(queues(node))
-        yield GaugeMetricFamily("rabbitmq_connections", "Open AMQP connections", len(conns))
+        peers = self.peers
+        infos = [self.homes.get((q.vhost.name, q.name)) or q.info() for q in all_queues]
+        yield GaugeMetricFamily("rabbitmq_connections", "Open AMQP connections",
+                                len(conns) + sum(p["connections"] for p in peers))
         yield GaugeMetricFamily("rabbitmq_channels", "Open channels",
-                                sum(1 for _ in channels(node)))
+                                sum(1 for _ in channels(node))
+                                + sum(p["channels"] for p in peers))
         yield GaugeMetricFamily("rabbitmq_queues", "Queues", len(all_queues))
         yield GaugeMetricFamily("rabbitmq_consumers", "Consumers",
-                                sum(len(q.consumers) for q in all_queues))
+                                sum(int(qi.get("consumers", 0)) for qi in infos)
+                                if peers else sum(len(q.consumers) for q in all_queues))
 
         ready = GaugeMetricFamily("rabbitmq_queue_messages_ready",
                                   "Messages ready for delivery", labels=["vhost", "queue"])
@@ -62,8 +74,7 @@ class HareCollector(Collector):
                                     labels=["vhost", "queue"])
         consumers = GaugeMetricFamily("rabbitmq_queue_consumers", "Consumers on a queue",
                                       labels=["vhost", "queue"])
-        for q in all_queues:
-            qi = q.info()
+        for q, qi in zip(all_queues, infos, strict=True):
             labels = [q.vhost.name, q.name]
             ready.add_metric(labels, qi.get("messages_ready", 0))
             unacked.add_metric(labels, qi.get("messages_unacknowledged", 0))
@@ -72,7 +83,10 @@ class HareCollector(Collector):
         yield unacked
         yield consumers
 
-        totals = self.stats.totals()
+        totals = dict(self.stats.totals())
+        for p in peers:
+            for key, value in p["totals"].items():
+                totals[key] = totals.get(key, 0) + value
         for name, key, text in (
             ("rabbitmq_global_messages_received", "publish", "Messages published by clients"),
             ("rabbitmq_global_messages_routed", "publish_in", "Messages enqueued into queues"),
@@ -94,13 +108,19 @@ class HareCollector(Collector):
             ("rabbitmq_auth_attempts_succeeded", "succeeded", "Accepted login attempts"),
         ):
             family = CounterMetricFamily(name, text, labels=["protocol"])
-            for protocol, counts in sorted(attempts.items()):
-                family.add_metric([protocol], getattr(counts, field))
+            index = ("attempts", "failed", "succeeded").index(field)
+            summed = {protocol: getattr(counts, field) for protocol, counts in attempts.items()}
+            for p in peers:
+                for protocol, values in p["auth"].items():
+                    summed[protocol] = summed.get(protocol, 0) + values[index]
+            for protocol, count in sorted(summed.items()):
+                family.add_metric([protocol], count)
             yield family
 
         yield GaugeMetricFamily("rabbitmq_process_resident_memory_bytes",
-                                "Resident memory of the broker process", process_memory())
-        alarms = node.alarms_active()
+                                "Resident memory of the broker process (its workers')",
+                                process_memory() + sum(p["rss"] for p in peers))
+        alarms = set(node.alarms_active()).union(*(p["alarms"] for p in peers))
         yield GaugeMetricFamily("rabbitmq_alarms_memory_used_watermark",
                                 "1 while the memory alarm is in effect", int("memory" in alarms))
         yield GaugeMetricFamily("rabbitmq_alarms_free_disk_space_watermark",
@@ -135,14 +155,21 @@ class HareCollector(Collector):
             yield quarantined
 
 
-def render(node: Node, stats: Stats) -> bytes:
+def render(node: Node, stats: Stats, peers: list[dict[str, Any]] | None = None,
+           homes: dict[tuple[str, str], dict[str, Any]] | None = None) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(HareCollector(node, stats))
+    registry.register(HareCollector(node, stats, peers, homes))
     return generate_latest(registry)
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    body = render(request.app[NODE], request.app[STATS])
+    node = request.app[NODE]
+    # a worker (its sockets inherited from the parent) answers for the whole hare-server, as
+    # its one port is scraped; a cluster's node answers for itself, as RabbitMQ's do
+    peers = await peer_totals(node) if node.inherited else []
+    homes = {(q["vhost"], q["name"]): q for q in await peer_items(node, "queues")
+             } if peers else {}
+    body = render(node, request.app[STATS], peers, homes)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

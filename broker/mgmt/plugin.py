@@ -32,9 +32,11 @@ class Management:
         if not listeners:
             return  # management_port 0 and no HTTPS: nothing to serve, nothing to sample
         from broker.mgmt.app import serve
+        from broker.mgmt.peers import register
 
         stats = Stats(node, self.sample_interval_s)
         self._runner = await serve(node, stats, listeners)
+        register(node, stats)  # our part of the other nodes' answers
         self.stats, self._node = stats, node
         # a channel's counters join the totals when it closes, not at the next sample
         node.events.channel_closed.subscribe(stats.channel_closed)
@@ -44,6 +46,7 @@ class Management:
         if self.stats is None or self._node is None or self._runner is None:
             return
         self._node.events.channel_closed.unsubscribe(self.stats.channel_closed)
+        self._node.peer_handlers.clear()
         await self.stats.stop()
         await self._runner.cleanup()
         self.stats = self._node = self._runner = None

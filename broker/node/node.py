@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -24,6 +25,7 @@ from broker.queue.amqqueue import AMQQueue
 from broker.server.direct_reply import ReplyRegistry
 from broker.server.listener import (
     Listener,
+    adopt,
     bind,
     close_all,
     listen_all,
@@ -36,14 +38,16 @@ from broker.vhost import VHost
 if TYPE_CHECKING:
     from broker.server.reader import Reader
 
-__all__ = ["Node"]
+__all__ = ["Node", "bind_listeners"]
 
 log = structlog.get_logger("hare.node")
 
 
 class Node:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, inherited: dict[str, list[int]] | None = None) -> None:
         self.settings = settings
+        # a worker's listening sockets, bound by its parent (broker/node/supervisor.py)
+        self.inherited = inherited or {}
         self.name = settings.node_name or f"hare@{socket.gethostname()}"
         self.users = UserDB()
         self.auth = AccessControl(
@@ -56,8 +60,9 @@ class Node:
         self.vhosts: dict[str, VHost] = {}
         self.connections: set[Reader] = set()
         self.listeners: list[Listener] = []  # AMQP first, then HTTP, AMQPS, HTTPS when on
-        self.reply_registry = ReplyRegistry()  # direct reply-to names, across connections
+        self.reply_registry = ReplyRegistry(self.name)  # direct reply-to names, across connections
         self.alarms = Alarms()
+        self.peer_alarms: frozenset[str] = frozenset()  # raised on other nodes (workers)
         self.alarms.subscribe(self._alarm_changed)
         self.memory_monitor = MemoryMonitor(
             self.alarms,
@@ -80,6 +85,9 @@ class Node:
         self.plugins: list[Plugin] = []  # started in this order, stopped in the reverse
         # runtime parameter components plugins own ("shovel"), served by the management API
         self.parameter_components: dict[str, ParameterComponent] = {}
+        # calls a peer node may make over the link (`cluster.ask_peers`), by op: plugins
+        # answer with their part of a cluster-wide view (the management API's lists)
+        self.peer_handlers: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {}
         self.cluster = make_cluster(self)  # this node alone, or a member of an etcd cluster
 
     # -- set-up -----------------------------------------------------------------------------
@@ -150,23 +158,7 @@ class Node:
                  listeners={x.protocol: x.port for x in listeners}, host=self.settings.host or "*")
 
     def _bind_listeners(self) -> list[Listener]:
-        s = self.settings
-        amqps = tls_context(s, "ssl")
-        https = tls_context(s, "management_ssl")
-        wanted = [("amqp", s.host, s.port, None)]
-        if s.management_port:
-            wanted.append(("http", s.management_host, s.management_port, None))
-        if amqps is not None:
-            wanted.append(("amqp/ssl", s.host, s.ssl_port, amqps))
-        if https is not None:
-            wanted.append(("https", s.management_host, s.management_ssl_port, https))
-        listeners: list[Listener] = []
-        try:
-            for protocol, host, port, tls in wanted:
-                listeners.append(bind(protocol, host, port, tls))
-        except BaseException:
-            close_all(listeners)
-            raise
+        listeners = bind_listeners(self.settings, self.inherited)
         self.port = listeners[0].port
         self.listeners = listeners  # bound, not yet listening: the cluster card shows them
         return listeners
@@ -226,10 +218,20 @@ class Node:
 
     # -- alarms -----------------------------------------------------------------------------
     def alarms_active(self) -> frozenset[str]:
+        """This node's own resource alarms (its card, its API)."""
         return self.alarms.active()
 
+    def blocking_alarms(self) -> frozenset[str]:
+        """What blocks this node's publishers: its alarms and the other nodes' (cluster)."""
+        return self.alarms.active() | self.peer_alarms
+
+    def set_peer_alarms(self, raised: frozenset[str]) -> None:
+        if raised != self.peer_alarms:
+            self.peer_alarms = raised
+            self._alarm_changed("", bool(raised))
+
     def _alarm_changed(self, resource: str, raised: bool) -> None:
-        active = self.alarms.active()
+        active = self.blocking_alarms()
         for conn in list(self.connections):
             conn.on_alarm(active)
 
@@ -242,6 +244,32 @@ class Node:
         for q, target in ram_targets(loads, fraction).items():
             q.set_ram_target(target)
 
+
+
+def bind_listeners(s: Settings, inherited: dict[str, list[int]] | None = None
+                   ) -> list[Listener]:
+    """Every listener the settings ask for (TLS files read first), bound, not listening: AMQP,
+    management HTTP, AMQPS, management HTTPS. A protocol in `inherited` takes the sockets a
+    supervisor bound for this worker instead (their file descriptors)."""
+    amqps = tls_context(s, "ssl")
+    https = tls_context(s, "management_ssl")
+    wanted = [("amqp", s.host, s.port, None)]
+    if s.management_port:
+        wanted.append(("http", s.management_host, s.management_port, None))
+    if amqps is not None:
+        wanted.append(("amqp/ssl", s.host, s.ssl_port, amqps))
+    if https is not None:
+        wanted.append(("https", s.management_host, s.management_ssl_port, https))
+    listeners: list[Listener] = []
+    try:
+        for protocol, host, port, tls in wanted:
+            fds = (inherited or {}).get(protocol)
+            listeners.append(adopt(protocol, host, fds, tls) if fds
+                             else bind(protocol, host, port, tls))
+    except BaseException:
+        close_all(listeners)
+        raise
+    return listeners
 
 
 def _backends(settings: Settings, users: UserDB) -> list[Backend]:

@@ -795,6 +795,8 @@ class Channel:
                 target = self.reader.node.reply_registry.lookup(msg.routing_key)
                 if target is not None:
                     target.deliver_reply(msg)
+                else:  # another node's (worker's) name: forwarded over the link
+                    self.cluster.forward_reply(msg)
             if mandatory:
                 self.returned += 1
                 self.writer.send_many(

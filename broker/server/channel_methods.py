@@ -94,7 +94,7 @@ async def _exchange_binding(
 async def queue_declare(ch: Channel, m: commands.Queue.Declare) -> None:
     name = m.queue
     if name == REPLY_QUEUE or name.startswith(REPLY_PREFIX):
-        _declare_reply_queue(ch, m)
+        await _declare_reply_queue(ch, m)
         return
     server_named = getattr(m, "server_named", False) or (not m.passive and not name)
     if server_named and not name:
@@ -131,11 +131,12 @@ async def queue_declare(ch: Channel, m: commands.Queue.Declare) -> None:
         )
 
 
-def _declare_reply_queue(ch: Channel, m: commands.Queue.Declare) -> None:
+async def _declare_reply_queue(ch: Channel, m: commands.Queue.Declare) -> None:
     """The pseudo-queue always "exists" with one consumer; a reply name exists while its
-    consumer does (RabbitMQ answers both, passive or not)."""
+    consumer does, on this node or another (RabbitMQ answers both, passive or not)."""
     name = m.queue
-    if name != REPLY_QUEUE and ch.reader.node.reply_registry.lookup(name) is None:
+    if (name != REPLY_QUEUE and ch.reader.node.reply_registry.lookup(name) is None
+            and not await ch.cluster.reply_alive(name)):
         raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{ch.vhost.name}'")
     if not m.nowait:
         ch.send(commands.Queue.DeclareOk(queue=name, message_count=0, consumer_count=1))

@@ -201,8 +201,8 @@ class Handshake:
             r._timer = None
         if r.heartbeat:
             Heartbeat(r).start()
-        if node.alarms_active():
-            r.on_alarm(node.alarms_active())
+        if node.blocking_alarms():
+            r.on_alarm(node.blocking_alarms())
         log.info("connection opened", conn=r.name, peer=r._peer(), user=r.user,
                  vhost=vhost.name, client=client_name(r.client_properties))
 

@@ -22,9 +22,11 @@ if TYPE_CHECKING:
     from broker.node import Node
 
 __all__ = [
+    "BANNERS",
     "PROTOCOLS",
     "Listener",
     "ListenerError",
+    "adopt",
     "bind",
     "close_all",
     "listen_all",
@@ -38,6 +40,10 @@ log = structlog.get_logger("hare.listener")
 PROTOCOLS = {"amqp": "AMQP", "amqp/ssl": "AMQPS", "http": "management",
              "https": "management HTTPS"}
 BACKLOG = 1024
+# the line printed per listener once the broker serves (tests and supervisors wait for it):
+# AMQP first, then management HTTP, AMQPS, management HTTPS when on
+BANNERS = {"amqp": "hare-server", "http": "hare-management", "amqp/ssl": "hare-server amqps",
+           "https": "hare-management https"}
 
 
 class ListenerError(Exception):
@@ -115,6 +121,16 @@ def bind(protocol: str, host: str, port: int, tls: ssl.SSLContext | None = None)
         listener.sockets.append(sock)
         listener.port = sock.getsockname()[1]  # port 0: the rest bind the port picked here
     return listener
+
+
+def adopt(protocol: str, host: str, fds: list[int],
+          tls: ssl.SSLContext | None = None) -> Listener:
+    """A listener on sockets bound (and listening) in another process and inherited by this
+    one: a worker of a multi-worker hare-server accepts on its parent's sockets."""
+    socks = [socket.socket(fileno=fd) for fd in fds]
+    for sock in socks:
+        sock.setblocking(False)
+    return Listener(protocol, host, socks[0].getsockname()[1], tls, socks)
 
 
 def listen_all(listeners: list[Listener]) -> None:

@@ -458,7 +458,7 @@ class Reader(asyncio.Protocol):
             self._blocked_sent = True
             if self.client_capability("connection.blocked"):
                 self._send0(
-                    commands.Connection.Blocked(reason=blocked_reason(self.node.alarms_active()))
+                    commands.Connection.Blocked(reason=blocked_reason(self.node.blocking_alarms()))
                 )
         if blocked and self._blocked_timer is None and self.settings.blocked_timeout_s > 0:
             self._blocked_timer = self.loop.call_later(
@@ -486,7 +486,7 @@ class Reader(asyncio.Protocol):
             self.connection_error(
                 ConnectionError_(
                     CONNECTION_FORCED,
-                    f"connection blocked ({blocked_reason(self.node.alarms_active())}) "
+                    f"connection blocked ({blocked_reason(self.node.blocking_alarms())}) "
                     f"for longer than blocked_timeout_s={self.settings.blocked_timeout_s}",
                 )
             )

@@ -1,0 +1,80 @@
+"""The other nodes' part of the management API's answers: in a cluster (a multi-worker
+hare-server's workers are one), a queue's counts and rates are its home node's, and each
+node has its own connections, channels and counters. The node answering a request asks its
+peers over the link (`cluster.ask_peers`, answered by the handler registered here) and
+merges their parts with its own, so any node (any worker behind the one port) shows the
+whole broker: every queue once with its home's figures, every connection, summed totals.
+A single node has no peers: nothing is asked."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from broker.flow.memory_monitor import process_memory
+from broker.mgmt.http import dumps
+from broker.mgmt.stats import channels
+from broker.mgmt.views import channel_json, connection_json, queue_json
+
+if TYPE_CHECKING:
+    from broker.mgmt.stats import Stats
+    from broker.node import Node
+
+__all__ = ["OP", "peer_items", "peer_totals", "queues_from_homes", "register"]
+
+OP = "mgmt_part"
+
+
+def register(node: Node, stats: Stats) -> None:
+    node.peer_handlers[OP] = partial(_answer, node, stats)
+
+
+async def _answer(node: Node, stats: Stats, m: dict[str, Any]) -> dict[str, Any]:
+    kind = m.get("kind")
+    if kind == "totals":
+        conns = [c for c in list(node.connections) if c.vhost is not None]
+        return {"connections": len(conns),
+                "channels": sum(len(c.channels) for c in conns), "totals": stats.totals(),
+                # what /metrics sums over the nodes (workers) besides
+                "rss": process_memory(), "alarms": sorted(node.alarms_active()),
+                "auth": {p: [c.attempts, c.failed, c.succeeded]
+                         for p, c in node.auth.attempts.items()}}
+    items: list[dict[str, Any]]
+    if kind == "queues":  # the queues homed here, with their figures
+        items = [queue_json(q, stats, node.name) for v in list(node.vhosts.values())
+                 for q in list(v.queues.values()) if q.home in (None, node.name)]
+    elif kind == "connections":
+        items = [connection_json(c, node) for c in list(node.connections)
+                 if c.vhost is not None]
+    elif kind == "channels":
+        items = [channel_json(ch, node) for ch in channels(node)]
+    else:
+        return {"error": f"unknown part {kind!r}"}
+    # management JSON holds AMQP values (bytes, decimals) the link's JSON does not take
+    return {"json": dumps(items)}
+
+
+async def peer_items(node: Node, kind: str) -> list[dict[str, Any]]:
+    """Every peer's items of `kind` (queues homed there, its connections, its channels)."""
+    out: list[dict[str, Any]] = []
+    for answer in await node.cluster.ask_peers(OP, {"kind": kind}):
+        if "json" in answer:
+            out.extend(json.loads(answer["json"]))
+    return out
+
+
+async def queues_from_homes(node: Node, local: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`local` (this node's view of the queues) with each queue homed on a peer taking its
+    home's figures (counts, consumers, rates) over ours, and keeping what only this node
+    knows (a quorum follower's own `member` state); a peer that did not answer: ours."""
+    if not any(q["node"] != node.name for q in local):
+        return local
+    homes = {(q["vhost"], q["name"]): q for q in await peer_items(node, "queues")}
+    return [{**q, **homes.get((q["vhost"], q["name"]), {})} if q["node"] != node.name else q
+            for q in local]
+
+
+async def peer_totals(node: Node) -> list[dict[str, Any]]:
+    """Each peer's connection and channel counts and its node totals (Stats.totals)."""
+    return [a for a in await node.cluster.ask_peers(OP, {"kind": "totals"}) if "totals" in a]

@@ -1,0 +1,76 @@
+"""A multi-worker hare-server for the tests: its worker processes found through /proc."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from tests.mgmt.helpers import MgmtBroker
+
+WORKER_ENV = "_HARE_WORKER"
+
+
+def children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(x) for x in text.split()]
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie, killed and not yet reaped, counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def workers(parent: int) -> dict[int, int]:
+    """Worker index -> pid, read from each child's environment (the metadata service is a
+    child too, without the variable)."""
+    found: dict[int, int] = {}
+    for pid in children(parent):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for entry in env:
+            if entry.startswith(WORKER_ENV.encode() + b"="):
+                found[json.loads(entry.split(b"=", 1)[1])["index"]] = pid
+    return found
+
+
+def wait_for(check: object, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not met in {timeout} s")
+        time.sleep(0.05)
+
+
+class WorkersBroker(MgmtBroker):
+    """MgmtBroker run with `--workers N`."""
+
+    def __init__(self, data_dir: Path, count: int = 2, args: list[str] | None = None) -> None:
+        super().__init__(data_dir, ["--workers", str(count), *(args or [])])
+        self.count = count
+
+    def start(self, timeout: float = 60.0) -> WorkersBroker:
+        super().start(timeout)
+        return self
+
+    def workers(self) -> dict[int, int]:
+        return workers(self.pid)
+
+    def node_of(self, queue: str) -> str:
+        for q in self.get("/api/queues"):
+            if q["name"] == queue:
+                return str(q["node"])
+        raise AssertionError(f"queue {queue} not listed")
+
+
+def process_tree_gone(pids: list[int]) -> bool:
+    return not any(alive(p) for p in pids)

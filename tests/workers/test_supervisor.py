@@ -1,0 +1,316 @@
+"""One hare-server, several worker processes: what a client sees is one broker; the parent
+restarts a killed worker, stops all of them on SIGTERM, and they stop when it dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pika
+import pytest
+
+from tests.conftest import BrokerProc
+from tests.workers.helpers import WorkersBroker, alive, children, wait_for
+
+
+@pytest.fixture
+def two(tmp_path: Path) -> Iterator[WorkersBroker]:
+    b = WorkersBroker(tmp_path / "data", 2).start()
+    yield b
+    b.kill()
+
+
+def _connect(b: BrokerProc) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(b.url + "%2F?heartbeat=0"))
+
+
+def _one_per_worker(b: WorkersBroker) -> dict[str, pika.BlockingConnection]:
+    """Connections until one landed on each worker (each declares an exclusive queue, which
+    lives on its connection's worker, and the management API says where)."""
+    found: dict[str, pika.BlockingConnection] = {}
+    for i in range(60):
+        conn = _connect(b)
+        conn.channel().queue_declare(f"probe-{i}", exclusive=True)
+        node = b.node_of(f"probe-{i}")
+        if node in found:
+            conn.close()
+        else:
+            found[node] = conn
+        if len(found) == b.count:
+            return found
+    raise AssertionError(f"60 connections landed on {sorted(found)} only")
+
+
+def test_workers_serve_one_broker(two: WorkersBroker) -> None:
+    """A queue declared on one worker is published to and consumed from connections on
+    both; the management API lists every queue once, with the worker that holds it."""
+    conns = _one_per_worker(two)
+    assert len(conns) == 2
+    (home, a), (other, b) = sorted(conns.items())
+    ch_a, ch_b = a.channel(), b.channel()
+    ch_a.queue_declare("shared", durable=True)
+    ch_a.confirm_delivery()
+    ch_b.confirm_delivery()
+    for i in range(50):  # confirmed, from both workers
+        ch_a.basic_publish("", "shared", f"a{i}".encode())
+        ch_b.basic_publish("", "shared", f"b{i}".encode())
+    assert two.node_of("shared") == home
+    assert ch_b.queue_declare("shared", passive=True).method.message_count == 100
+    got: list[bytes] = []
+    for ch in (ch_b, ch_a):  # half consumed on the other worker, the rest on its home
+        ch.basic_qos(prefetch_count=10)
+        for method, _, body in ch.consume("shared"):
+            got.append(body)
+            ch.basic_ack(method.delivery_tag)
+            if len(got) in (50, 100):
+                break
+        ch.cancel()
+    assert sorted(got) == sorted([f"a{i}".encode() for i in range(50)]
+                                 + [f"b{i}".encode() for i in range(50)])
+    for _ in range(4):  # whichever worker answers, the list is the same
+        queues = two.get("/api/queues")
+        names = [q["name"] for q in queues]
+        assert len(names) == len(set(names))
+        assert "shared" in names
+        assert {q["node"] for q in queues} == {home, other}
+    for c in conns.values():
+        c.close()
+
+
+def test_killed_worker_restarts_with_its_queue(two: WorkersBroker) -> None:
+    conns = _one_per_worker(two)
+    conn = next(c for n, c in conns.items() if n.endswith("-w2"))
+    ch = conn.channel()
+    ch.queue_declare("orders", durable=True)
+    ch.confirm_delivery()
+    for i in range(200):
+        ch.basic_publish("", "orders", f"m{i}".encode(),
+                         pika.BasicProperties(delivery_mode=2))  # confirmed: returns after ack
+    for c in conns.values():
+        c.close()
+    before = two.workers()
+    os.kill(before[2], signal.SIGKILL)
+    wait_for(lambda: two.workers().get(2, before[2]) != before[2] and not alive(before[2]),
+             what="worker 2 restarted")
+    assert two.workers()[1] == before[1]  # the other worker served on
+
+    def back() -> bool:  # the restarted worker serves its queue again, from any connection
+        try:
+            c = _connect(two)
+        except pika.exceptions.AMQPConnectionError:
+            return False
+        try:
+            n = c.channel().queue_declare("orders", passive=True).method.message_count
+        except pika.exceptions.ChannelClosedByBroker:
+            n = -1
+        c.close()
+        return n == 200
+
+    wait_for(back, what="queue orders back with its 200 messages")
+    c = _connect(two)
+    ch = c.channel()
+    bodies = []
+    while (m := ch.basic_get("orders", auto_ack=True))[0] is not None:
+        bodies.append(m[2])
+    assert bodies == [f"m{i}".encode() for i in range(200)]
+    c.close()
+
+
+def test_sigterm_stops_every_worker(two: WorkersBroker) -> None:
+    pids = children(two.pid)
+    assert len(two.workers()) == 2 and len(pids) >= 2
+    assert two.stop() == 0
+    assert not [p for p in pids if alive(p)]
+
+
+def test_parent_killed_workers_stop(two: WorkersBroker) -> None:
+    pids = list(two.workers().values())
+    two.kill()
+    wait_for(lambda: not any(alive(p) for p in pids), what="workers gone with their parent")
+
+
+def test_one_worker_is_one_process(tmp_path: Path) -> None:
+    b = BrokerProc(tmp_path / "data", ["--workers", "1"]).start()
+    try:
+        assert children(b.pid) == []
+        c = _connect(b)
+        c.channel().queue_declare("q")
+        c.close()
+    finally:
+        assert b.stop() == 0
+    assert not (tmp_path / "data" / "w1").exists()
+
+
+def test_balanced_locator_spreads_one_connections_queues(tmp_path: Path) -> None:
+    """queue_master_locator = balanced: queues declared on one connection go to the worker
+    with the fewest queues, so they spread; exclusive ones stay on the connection's."""
+    b = WorkersBroker(tmp_path / "data", 2, ["--queue-master-locator", "balanced"]).start()
+    try:
+        c = _connect(b)
+        ch = c.channel()
+        for i in range(4):
+            ch.queue_declare(f"spread-{i}")
+        ch.queue_declare("mine", exclusive=True)
+        ch.queue_declare("mine-too", exclusive=True)
+        nodes = [b.node_of(f"spread-{i}") for i in range(4)]
+        assert sorted(nodes.count(n) for n in set(nodes)) == [2, 2]
+        assert b.node_of("mine") == b.node_of("mine-too")
+        c.close()
+    finally:
+        assert b.stop() == 0
+
+
+def test_management_shows_the_whole_broker(two: WorkersBroker) -> None:
+    """Whichever worker answers: every queue once with its home worker's message count,
+    every connection, and overview totals summed over the workers."""
+    conns = _one_per_worker(two)
+    for node, conn in conns.items():
+        ch = conn.channel()
+        name = "depth-" + node.rsplit("-", 1)[1]
+        ch.queue_declare(name)
+        ch.confirm_delivery()
+        for i in range(7):
+            ch.basic_publish("", name, b"x%d" % i)
+    for _ in range(6):  # several requests: both workers answer some
+        queues = {q["name"]: q for q in two.get("/api/queues")}
+        assert queues["depth-w1"]["messages"] == 7 and queues["depth-w2"]["messages"] == 7
+        assert queues["depth-w1"]["node"].endswith("-w1")
+        assert queues["depth-w2"]["node"].endswith("-w2")
+        assert len({c["node"] for c in two.get("/api/connections")}) == 2
+        overview = two.get("/api/overview")
+        assert overview["object_totals"]["connections"] == 2
+        assert overview["queue_totals"]["messages"] == 14
+        one = two.get("/api/queues/%2F/depth-w2")
+        assert one["messages"] == 7
+    for c in conns.values():
+        c.close()
+
+
+def test_restart_of_the_whole_server_keeps_definitions_and_messages(tmp_path: Path) -> None:
+    """The metadata service's log and each worker's data directory survive a clean stop:
+    the same broker comes back (users, queues on their workers, persistent messages)."""
+    b = WorkersBroker(tmp_path / "data", 2).start()
+    try:
+        assert b.api("PUT", "/api/users/alice", {"password": "pw", "tags": ""})[0] in (201, 204)
+        conns = _one_per_worker(b)
+        homes = {}
+        for node, conn in conns.items():
+            ch = conn.channel()
+            name = "kept-" + node.rsplit("-", 1)[1]
+            ch.queue_declare(name, durable=True)
+            ch.confirm_delivery()
+            for i in range(5):
+                ch.basic_publish("", name, b"%d" % i, pika.BasicProperties(delivery_mode=2))
+            homes[name] = node
+            conn.close()
+        assert b.stop() == 0
+        b.start()
+        assert b.get("/api/users/alice")["name"] == "alice"
+        queues = {q["name"]: q for q in b.get("/api/queues")}
+        for name, node in homes.items():
+            assert queues[name]["node"] == node
+            assert queues[name]["messages"] == 5
+    finally:
+        b.kill()
+
+
+def test_parent_killed_and_started_again_at_once(tmp_path: Path) -> None:
+    """kill -9 of the parent, then a new hare-server on the same data directory while the
+    old workers are still stopping: each new worker waits for its directory's lock and the
+    confirmed messages are all there. A quorum queue is one member (the workers share one
+    disk: a second copy would survive nothing more), so it leads as soon as its worker runs."""
+    b = WorkersBroker(tmp_path / "data", 2).start()
+    try:
+        c = _connect(b)
+        ch = c.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("qq", durable=True, arguments={"x-queue-type": "quorum"})
+        ch.queue_declare("cq", durable=True)
+        for i in range(50):
+            ch.basic_publish("", "qq", b"%d" % i)
+            ch.basic_publish("", "cq", b"%d" % i, pika.BasicProperties(delivery_mode=2))
+        c.close()
+        assert len(b.get("/api/queues/%2F/qq")["members"]) == 1
+        b.kill()
+        b.start()
+        c = _connect(b)
+        ch = c.channel()
+        assert ch.queue_declare("qq", passive=True).method.message_count == 50
+        assert ch.queue_declare("cq", passive=True).method.message_count == 50
+        c.close()
+    finally:
+        b.kill()
+
+
+async def test_remote_consumers_pace_their_publishers(two: WorkersBroker) -> None:
+    """hare-perf's steady-4x4 gate at workers = 2: its control connection declares all four
+    queues, so they live on one worker while the consumers' connections land on both. A
+    consumer on another worker that waits on its queue makes that queue busy (docs/FLOW.md),
+    so publishers are held to the consumers' pace and the backlog stays bounded; before,
+    such a queue granted its publishers all their credit and the backlog grew to 65,000 -
+    294,000 messages in 15 s."""
+    from hare_perf.report import format_report, gate_failures
+    from hare_perf.suite import run_suite
+
+    ((report,),) = await run_suite([two.url], [two.pid], quick=True, scenarios=["steady-4x4"],
+                                   duration_s=6.0)
+    assert report.median["received"] > 0, format_report(report)
+    assert gate_failures([[report]]) == [], format_report(report)
+
+
+def test_direct_reply_to_across_workers(two: WorkersBroker) -> None:
+    """RPC over amq.rabbitmq.reply-to with the client on one worker and the server on the
+    other: the reply name is known there (passive declare) and the reply arrives."""
+    (_, client), (_, server) = sorted(_one_per_worker(two).items())
+    cch, sch = client.channel(), server.channel()
+    sch.queue_declare("rpc")
+    replies: list[bytes] = []
+    cch.basic_consume("amq.rabbitmq.reply-to", lambda ch, m, p, body: replies.append(body),
+                      auto_ack=True)
+    cch.basic_publish("", "rpc", b"ping", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+    wait_for(lambda: sch.queue_declare("rpc", passive=True).method.message_count == 1,
+             what="request queued")
+    _, props, body = sch.basic_get("rpc", auto_ack=True)
+    assert body == b"ping" and props.reply_to.startswith("amq.rabbitmq.reply-to.")
+    sch.queue_declare(props.reply_to, passive=True)  # held on the client's worker
+    sch.basic_publish("", props.reply_to, b"pong")
+    wait_for(lambda: client.process_data_events(0.1) or replies == [b"pong"],
+             what="reply delivered")
+    client.close()
+    server.close()
+
+
+def test_metrics_are_the_whole_servers(two: WorkersBroker) -> None:
+    """/metrics on the shared port: whichever worker is scraped, queues carry their home
+    worker's counts and the node-wide figures are summed over the workers."""
+    conns = _one_per_worker(two)
+    for node, conn in conns.items():
+        ch = conn.channel()
+        name = "metric-" + node.rsplit("-", 1)[1]
+        ch.queue_declare(name)
+        ch.confirm_delivery()
+        for i in range(3):
+            ch.basic_publish("", name, b"%d" % i)
+    for _ in range(6):
+        status, _, text = two.raw("/metrics")
+        assert status == 200
+        lines = text.splitlines()
+        assert 'rabbitmq_queue_messages_ready{queue="metric-w1",vhost="/"} 3.0' in lines
+        assert 'rabbitmq_queue_messages_ready{queue="metric-w2",vhost="/"} 3.0' in lines
+        assert "rabbitmq_connections 2.0" in lines
+        assert "rabbitmq_global_messages_received_total 6.0" in lines
+    for c in conns.values():
+        c.close()
+
+
+def test_workers_with_cluster_etcd_is_refused(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "broker", "--workers", "2", "--port", "0",
+         "--data-dir", str(tmp_path / "data"), "--cluster-etcd", "http://127.0.0.1:1",
+         "--cluster-secret", "s"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "workers > 1 cannot be combined with cluster_etcd" in done.stderr
