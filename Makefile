@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench bench-spark pipeline cluster nemesis clean
+.PHONY: run test test-fallback compile uncompile lint bench bench-spark pipeline cluster nemesis clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,6 +18,23 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -rs
+
+# The hot modules (broker/compiled.py's MODULES) compiled with mypyc beside their sources:
+# needs a C compiler and Python's headers (Debian: gcc, python3-dev). Without a build the .py
+# files run, with the same behaviour; a source edited after the build runs as .py (with a
+# warning) until the next `make compile`; `make uncompile` removes the build.
+compile: $(STAMP)
+	$(BIN)/python mypyc_build.py
+
+uncompile:
+	$(PY) mypyc_build.py --clean
+
+# CI, after `make test` on the compiled build: the tests that exercise the compiled modules,
+# run on their .py sources (HARE_PURE_PYTHON; tests/test_compiled.py checks which ran)
+FALLBACK_TESTS := tests/test_compiled.py tests/protocol tests/flow tests/queue tests/routing \
+	tests/server
+test-fallback: $(STAMP)
+	HARE_PURE_PYTHON=1 HARE_TEST_EXPECT_BUILD=python $(BIN)/python -m pytest -q -rs $(FALLBACK_TESTS)
 
 # ruff everywhere; mypy over the packages of pyproject.toml's [tool.mypy] (the queue-type
 # contract, broker/queue/contract.py, is what it holds)

@@ -20,7 +20,6 @@ from broker.protocol.constants import (
     RESOURCE_LOCKED,
 )
 from broker.protocol.errors import ChannelError, ConnectionError_
-from broker.queue.amqqueue import AMQQueue
 from broker.queue.arguments import (
     amqp_type,
     compared_args,
@@ -79,7 +78,7 @@ class VHost:
             raise ChannelError(NOT_FOUND, f"no exchange '{name}' {self._where()}")
         return ex
 
-    def queue(self, name: str, owner: object | None = None) -> AMQQueue:
+    def queue(self, name: str, owner: object | None = None) -> QueueType:
         q = self.queues.get(name)
         if q is None:
             raise ChannelError(NOT_FOUND, f"no queue '{name}' {self._where()}")
@@ -280,7 +279,7 @@ class VHost:
         arguments: dict[str, Any] | None = None,
         owner: object | None = None,
         server_named: bool = False,
-    ) -> AMQQueue:
+    ) -> QueueType:
         """`server_named`: `name` was generated for a queue.declare with an empty name."""
         if passive:
             q = self.queue(name, owner)

@@ -30,7 +30,8 @@ __all__ = [
 CONFIG_ENV = ENV_PREFIX + "CONFIG"  # path of the TOML file when --config is not given
 # HARE_* variables of the other Hare tools, which share the broker's environment (a shell, a
 # container). Any other unknown HARE_* variable is taken for a misspelt setting.
-OTHER_TOOLS_ENV = frozenset({CONFIG_ENV, "HARE_MANAGEMENT_URL"})  # hare-ctl's
+# HARE_PURE_PYTHON: read when broker is imported, not a setting (broker/compiled.py).
+OTHER_TOOLS_ENV = frozenset({CONFIG_ENV, "HARE_MANAGEMENT_URL", "HARE_PURE_PYTHON"})
 # HARE_COMPOSE_*: what docker/compose.yaml reads from the shell that runs compose.
 OTHER_TOOLS_ENV_PREFIXES = ("HARE_CTL_", "HARE_PERF_", "HARE_TEST_", "HARE_COMPOSE_")
 

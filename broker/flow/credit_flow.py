@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from mypy_extensions import mypyc_attr
+
 __all__ = ["DEFAULT_CREDIT", "BumpSink", "CreditFlow", "CreditPeer"]
 
 # {InitialCredit, MoreCreditAfter} as in current RabbitMQ (credit_flow_default_credit).
@@ -39,6 +41,8 @@ class CreditPeer(Protocol):
     def credit_flow(self) -> CreditFlow: ...
 
 
+# compiled by mypyc (broker/compiled.py); the cluster's RemoteQueue subclasses it
+@mypyc_attr(allow_interpreted_subclasses=True)
 class CreditFlow:
     """One actor's view of credit flow. Peers are any hashable objects with `credit_flow`."""
 

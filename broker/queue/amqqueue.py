@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from mypy_extensions import mypyc_attr
 
 from broker.flow.credit_flow import DEFAULT_CREDIT, CreditFlow
 from broker.flow.loop_ticks import TICKS
@@ -76,6 +77,8 @@ def _credit(vhost: VHost) -> tuple[int, int]:
     return s.credit_flow_initial_credit, s.credit_flow_more_credit_after
 
 
+# compiled by mypyc (broker/compiled.py); subclassed by interpreted queue kinds
+@mypyc_attr(allow_interpreted_subclasses=True)
 class AMQQueue:
     def __init__(
         self,

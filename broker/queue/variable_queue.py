@@ -34,6 +34,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from mypy_extensions import mypyc_attr
+
 from broker.message import Message
 from broker.queue.vq_interfaces import BodyStore, Index
 
@@ -98,6 +100,8 @@ class VQStats:
     target_ram_count: int | None
 
 
+# compiled by mypyc (broker/compiled.py); subclassed by interpreted queue kinds
+@mypyc_attr(allow_interpreted_subclasses=True)
 class VariableQueue:
     """Ready messages in RAM or on disk, in FIFO order, plus the pending-ack table.
 

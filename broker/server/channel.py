@@ -73,7 +73,9 @@ _ACK_PREFIX = ACK_INDEX.to_bytes(4, "big")
 _CLOSE_PREFIX = (0x00140000 | 40).to_bytes(4, "big")
 _CLOSE_OK_PREFIX = (0x00140000 | 41).to_bytes(4, "big")
 _OPEN_PREFIX = (0x00140000 | 10).to_bytes(4, "big")
-_STOP = ("stop",)
+# told apart by identity: typed as a tuple of any length so that mypyc keeps it one boxed
+# object (a fixed-length tuple is unboxed and boxed anew at each use)
+_STOP: tuple[str, ...] = ("stop",)
 _OPEN = ChannelState.OPEN
 
 

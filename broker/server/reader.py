@@ -100,7 +100,7 @@ class Reader(asyncio.Protocol):
         # an auth backend is being asked over the network: reading is paused and frames
         # already cut wait in _held_for_auth until the answer is in
         self._waiting: asyncio.Task[Any] | None = None
-        self._held_for_auth: list[tuple[int, int, bytes]] = []
+        self._held_for_auth: list[tuple[int, int, Any]] = []
         self.client_properties: dict[str, Any] = {}
         self.channel_max = node.settings.channel_max
         self.frame_max = node.settings.frame_max
@@ -177,7 +177,7 @@ class Reader(asyncio.Protocol):
             return
         self._frames(batch)
 
-    def _frames(self, batch: list[tuple[int, int, bytes]]) -> None:
+    def _frames(self, batch: list[tuple[int, int, Any]]) -> None:
         touched = self._touched
         channels = self.channels
         assemblers = self.assemblers
@@ -287,7 +287,7 @@ class Reader(asyncio.Protocol):
         if self.state == state and self._waiting is None:
             self.state = after
 
-    def _closing_frames(self, batch: list[tuple[int, int, bytes]], start: int) -> None:
+    def _closing_frames(self, batch: list[tuple[int, int, Any]], start: int) -> None:
         """Frames read after the close handshake began: a close gets close-ok, a close-ok
         ends the connection, everything else is discarded (RabbitMQ's closing and closed
         states). Nothing here raises: there is no one left to tell."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from broker import compiled
 from broker.cluster.link_peers import LinkBackPressure, LinkChannel, LinkSender
 from broker.cluster.remote_queue import RemoteQueue
 from broker.queue.amqqueue import AMQQueue
@@ -81,14 +82,17 @@ def test_methods_have_one_shape(proto: type, cls: type) -> None:
         assert callable(impl), f"{cls.__name__}.{name} is not a method"
         assert (inspect.iscoroutinefunction(impl)
                 == inspect.iscoroutinefunction(member)), f"{cls.__name__}.{name}"
+        if cls.__module__ in compiled.loaded() and not inspect.signature(impl).parameters:
+            continue  # a coroutine compiled by mypyc shows no signature: test-fallback's run
         assert _params(impl) == _params(member), f"{cls.__name__}.{name}: parameters"
 
 
 def _params(fn: Any) -> list[tuple[str, Any, bool]]:
     """Each parameter's name, kind and whether it has a default: a caller's keyword or
-    positional argument lands on every implementation alike."""
+    positional argument lands on every implementation alike. `self` is left out: no caller
+    names it, and mypyc's methods make it positional-only."""
     return [(p.name, p.kind, p.default is not p.empty)
-            for p in inspect.signature(fn).parameters.values()]
+            for p in inspect.signature(fn).parameters.values()][1:]
 
 
 def test_the_contract_names_the_rare_operations_as_coroutines() -> None:
