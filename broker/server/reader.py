@@ -225,7 +225,11 @@ class Reader(asyncio.Protocol):
                 send_many = self.credit_flow.send_many
                 for ch, publishes in touched.items():
                     send_many(ch, publishes)
-                    ch.mailbox.notify()
+                    mailbox = ch.mailbox
+                    if mailbox.idle and len(mailbox) == publishes:  # nothing else came
+                        ch.publish_now()
+                    else:
+                        mailbox.notify()
                 touched.clear()
         self._throttle()
 
