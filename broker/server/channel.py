@@ -264,8 +264,9 @@ class Channel:
         """The reader's chunk brought only publishes to a channel whose task is idle (it
         waits on an empty mailbox): they are handled here, in the reader's callback, as the
         task would handle them, so they reach their queues in this loop iteration instead of
-        the next. A publish that must wait for an auth backend's answer goes back to the
-        task with everything after it, in order."""
+        the next, and the queues take them at once (`drain`) instead of an iteration later.
+        A publish that must wait for an auth backend's answer goes back to the task with
+        everything after it, in order."""
         batch = self.mailbox.take()
         backend = self.principal.backend
         if backend.generation != self._perm_gen:
@@ -286,7 +287,12 @@ class Channel:
             except Exception as exc:
                 self._on_error(exc)
             done += 1
+        queues = list(self._batch)
         self._flush_batch()
+        # and their queues take them now too (no queue is mid-turn under a socket callback):
+        # the deliveries go out at the next iteration's flush, one hop from the read
+        for q in queues:
+            q.drain()
         if done:
             self.credit_flow.ack_many(self.reader, done)
 

@@ -223,14 +223,20 @@ class Reader(asyncio.Protocol):
         finally:
             if touched:  # one wake-up per channel for everything this chunk carried
                 send_many = self.credit_flow.send_many
+                idle: list[Channel] = []
                 for ch, publishes in touched.items():
                     send_many(ch, publishes)
                     mailbox = ch.mailbox
                     if mailbox.idle and len(mailbox) == publishes:  # nothing else came
-                        ch.publish_now()
+                        idle.append(ch)
                     else:
                         mailbox.notify()
                 touched.clear()
+                if idle:
+                    if self.alarm_blocked:  # connection.blocked before their deliveries, as
+                        self._throttle()  # RabbitMQ's reader sends it before its channels act
+                    for ch in idle:
+                        ch.publish_now()
         self._throttle()
 
     def pause_writing(self) -> None:
