@@ -66,6 +66,11 @@ _ids = itertools.count(1)
 # burst: counting costs one comparison per read.
 READ_BURST = 1 << 20
 BULK_READ = 1 << 16
+# A read that brought at most this many publishes for an idle channel is handled at once
+# (Channel.publish_now): the publisher is not outrunning us, and each loop iteration saved is
+# latency. A bigger one goes through the channel task as before, so the reader -> channel
+# credit (400, more after 200) still paces a publisher that sends faster than we route.
+INLINE_PUBLISHES = 64
 
 AWAIT_HEADER = ConnectionState.AWAIT_HEADER
 OPENED = ConnectionState.OPENED
@@ -227,7 +232,8 @@ class Reader(asyncio.Protocol):
                 for ch, publishes in touched.items():
                     send_many(ch, publishes)
                     mailbox = ch.mailbox
-                    if mailbox.idle and len(mailbox) == publishes:  # nothing else came
+                    if (publishes <= INLINE_PUBLISHES and mailbox.idle
+                            and len(mailbox) == publishes):  # nothing else came
                         idle.append(ch)
                     else:
                         mailbox.notify()
