@@ -38,6 +38,11 @@ class Mailbox:
             if not waiter.done():
                 waiter.set_result(None)
 
+    @property
+    def idle(self) -> bool:
+        """The owner waits in `get()` and nothing has woken it: it holds no earlier item."""
+        return self._waiter is not None
+
     def take(self) -> list[Any]:
         """Everything queued so far, without waiting (used to drain before a synchronous call)."""
         items = self._items

@@ -166,6 +166,9 @@ class Channel:
                         publishes += 1
                         if self.state is _OPEN:
                             self._publish(cmd[1], cmd[2], cmd[3])
+                    elif kind == "resume":  # publish_now met an auth backend's question
+                        publishes += 1
+                        await self._after_answer(cmd[1], cmd[2])
                     elif self.state is not _OPEN:
                         if kind == "method":
                             self._not_open(cmd[1])
@@ -258,6 +261,42 @@ class Channel:
         except Exception as exc:  # an ack asks no auth backend: never Pending
             self._on_error(exc)
         return True
+
+    def publish_now(self) -> None:
+        """The reader's chunk brought only publishes to a channel whose task is idle (it
+        waits on an empty mailbox): they are handled here, in the reader's callback, as the
+        task would handle them, so they reach their queues in this loop iteration instead of
+        the next, and the queues take them at once (`drain`) instead of an iteration later.
+        A publish that must wait for an auth backend's answer goes back to the task with
+        everything after it, in order."""
+        batch = self.mailbox.take()
+        backend = self.principal.backend
+        if backend.generation != self._perm_gen:
+            self._perm_gen = backend.generation
+            self._write_ok.clear()
+            self._topic_write.clear()
+        done = 0
+        for i, cmd in enumerate(batch):
+            try:
+                if self.state is _OPEN:
+                    self._publish(cmd[1], cmd[2], cmd[3])
+            except Pending as pending:
+                self._flush_batch()
+                self.mailbox.put(("resume", cmd, pending))
+                for rest in batch[i + 1:]:
+                    self.mailbox.put_quiet(rest)
+                break
+            except Exception as exc:
+                self._on_error(exc)
+            done += 1
+        queues = list(self._batch)
+        self._flush_batch()
+        # and their queues take them now too (no queue is mid-turn under a socket callback):
+        # the deliveries go out at the next iteration's flush, one hop from the read
+        for q in queues:
+            q.drain()
+        if done:
+            self.credit_flow.ack_many(self.reader, done)
 
     def stop(self) -> None:
         """The connection is going: process what was received, then release everything."""

@@ -66,6 +66,11 @@ _ids = itertools.count(1)
 # burst: counting costs one comparison per read.
 READ_BURST = 1 << 20
 BULK_READ = 1 << 16
+# A read that brought at most this many publishes for an idle channel is handled at once
+# (Channel.publish_now): the publisher is not outrunning us, and each loop iteration saved is
+# latency. A bigger one goes through the channel task as before, so the reader -> channel
+# credit (400, more after 200) still paces a publisher that sends faster than we route.
+INLINE_PUBLISHES = 64
 
 AWAIT_HEADER = ConnectionState.AWAIT_HEADER
 OPENED = ConnectionState.OPENED
@@ -223,10 +228,21 @@ class Reader(asyncio.Protocol):
         finally:
             if touched:  # one wake-up per channel for everything this chunk carried
                 send_many = self.credit_flow.send_many
+                idle: list[Channel] = []
                 for ch, publishes in touched.items():
                     send_many(ch, publishes)
-                    ch.mailbox.notify()
+                    mailbox = ch.mailbox
+                    if (publishes <= INLINE_PUBLISHES and mailbox.idle
+                            and len(mailbox) == publishes):  # nothing else came
+                        idle.append(ch)
+                    else:
+                        mailbox.notify()
                 touched.clear()
+                if idle:
+                    if self.alarm_blocked:  # connection.blocked before their deliveries, as
+                        self._throttle()  # RabbitMQ's reader sends it before its channels act
+                    for ch in idle:
+                        ch.publish_now()
         self._throttle()
 
     def pause_writing(self) -> None:

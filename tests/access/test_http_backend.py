@@ -15,7 +15,11 @@ import aio_pika
 import aiormq
 import pytest
 from aiohttp import web
+from pamqp import commands, frame
+from pamqp.body import ContentBody
+from pamqp.header import ContentHeader
 
+from tests.amqp_raw import RawClient
 from tests.mgmt.helpers import MgmtBroker
 
 TIMEOUT_S = 0.5
@@ -191,3 +195,40 @@ async def test_denied_slow_odd_and_down_services_refuse(broker: MgmtBroker,
     assert set(refused) >= {"alice", "slow", "odd", "bob"}
     assert refused["alice"]["reason"] == "http: denied by the HTTP auth service"
     assert "wrong" not in broker.log_path.read_text()  # never the password
+
+
+
+def _publish_burst(port: int, count: int) -> None:
+    """`count` publishes to amq.topic (key alice.order) in one write on a fresh channel."""
+    c = RawClient(port)
+    try:
+        c.handshake("alice", "secret")
+        c.open_channel(1)
+        c.send(b"".join(
+            frame.marshal(part, 1)
+            for i in range(count)
+            for part in (commands.Basic.Publish(exchange="amq.topic", routing_key="alice.order"),
+                         ContentHeader(0, len(str(i)), commands.Basic.Properties()),
+                         ContentBody(str(i).encode()))))
+        c.send_method(1, commands.Channel.Close(reply_code=200, class_id=0, method_id=0))
+        c.expect(commands.Channel.CloseOk, 1)  # after every publish before it
+    finally:
+        c.close()
+
+
+async def test_publishes_behind_an_unanswered_check_keep_their_order(
+        broker: MgmtBroker, service: AuthService) -> None:
+    """The first publish on a channel asks the service (write on amq.topic, the topic key);
+    the ones that came in the same read, which the reader otherwise hands to the idle channel
+    at once (Channel.publish_now), wait for that answer and follow it in order."""
+    conn = await aio_pika.connect(url(broker, "alice", "secret"))
+    ch = await conn.channel()
+    q = await ch.declare_queue("alice-order")
+    await q.bind("amq.topic", "alice.order")
+    await asyncio.to_thread(_publish_burst, broker.port, 50)
+    got: list[int] = []
+    while (m := await q.get(no_ack=True, fail=False)) is not None:
+        got.append(int(m.body))
+    assert got == list(range(50))
+    assert any(k == "topic" and p["routing_key"] == "alice.order" for k, p in service.asked)
+    await conn.close()
