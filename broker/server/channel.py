@@ -147,13 +147,9 @@ class Channel:
 
     async def _run(self) -> None:
         mailbox = self.mailbox
-        backend = self.principal.backend
         while True:
             batch = await mailbox.get()
-            if backend.generation != self._perm_gen:
-                self._perm_gen = backend.generation
-                self._write_ok.clear()
-                self._topic_write.clear()
+            self._permissions_current()
             publishes = 0
             for cmd in batch:
                 if cmd is _STOP:
@@ -189,6 +185,15 @@ class Channel:
             self._flush_batch()
             if publishes:
                 self.credit_flow.ack_many(self.reader, publishes)
+
+    def _permissions_current(self) -> None:
+        """Once per batch: the backend's permissions changed, so the publish checks cached
+        per exchange and topic key are forgotten."""
+        generation = self.principal.backend.generation
+        if generation != self._perm_gen:
+            self._perm_gen = generation
+            self._write_ok.clear()
+            self._topic_write.clear()
 
     async def _after_answer(self, cmd: tuple[Any, ...], pending: Pending) -> None:
         """An auth backend must be asked over the network (the rare path): what came before
@@ -270,11 +275,7 @@ class Channel:
         A publish that must wait for an auth backend's answer goes back to the task with
         everything after it, in order."""
         batch = self.mailbox.take()
-        backend = self.principal.backend
-        if backend.generation != self._perm_gen:
-            self._perm_gen = backend.generation
-            self._write_ok.clear()
-            self._topic_write.clear()
+        self._permissions_current()
         done = 0
         for i, cmd in enumerate(batch):
             try:
