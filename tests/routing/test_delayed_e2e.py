@@ -128,13 +128,19 @@ def confirming_channel(url: str) -> pika.adapters.blocking_connection.BlockingCh
     return ch
 
 
-def test_a_durable_one_is_restored_and_still_holds_messages(fresh_broker) -> None:
-    b = fresh_broker.start()
-    ch = confirming_channel(b.url)
+def durable_delayed_to_queue(ch) -> None:  # type: ignore[no-untyped-def]
+    """The durable delayed exchange dx (direct) and durable queue dq bound to it with k, for
+    the restart tests."""
     ch.exchange_declare("dx", "x-delayed-message", durable=True,
                         arguments={"x-delayed-type": "direct"})
     ch.queue_declare("dq", durable=True)
     ch.queue_bind("dq", "dx", "k")
+
+
+def test_a_durable_one_is_restored_and_still_holds_messages(fresh_broker) -> None:
+    b = fresh_broker.start()
+    ch = confirming_channel(b.url)
+    durable_delayed_to_queue(ch)
     ch.connection.close()
     b.restart()
     ch = confirming_channel(b.url)
@@ -148,10 +154,7 @@ def test_a_durable_one_is_restored_and_still_holds_messages(fresh_broker) -> Non
 def test_confirmed_persistent_delayed_messages_survive_a_restart(fresh_broker, clean) -> None:  # type: ignore[no-untyped-def]
     b = fresh_broker.start()
     ch = confirming_channel(b.url)
-    ch.exchange_declare("dx", "x-delayed-message", durable=True,
-                        arguments={"x-delayed-type": "direct"})
-    ch.queue_declare("dq", durable=True)
-    ch.queue_bind("dq", "dx", "k")
+    durable_delayed_to_queue(ch)
     for i in range(30):
         ch.basic_publish("dx", "k", str(i).encode(), pika.BasicProperties(
             delivery_mode=2, headers={"x-delay": 1500 if i % 2 else 2500}))

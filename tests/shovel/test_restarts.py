@@ -90,35 +90,27 @@ def _definition(src: str, dest: str, queue: str) -> dict[str, object]:
             "ack-mode": "on-confirm", "src-prefetch-count": PREFETCH, "reconnect-delay": 0.5}
 
 
-async def test_source_killed_and_restarted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("killed", ["source", "destination"])
+async def test_one_side_killed_and_restarted(tmp_path: Path, killed: str) -> None:
+    """The shovel runs on the side that survives (on dest pulling from src, or on src
+    pushing to dest); the other side is killed mid-move and started again."""
     src = MgmtBroker(tmp_path / "src").start()
     dest = MgmtBroker(tmp_path / "dest").start()
+    queue = f"r{killed[0]}.q"
     try:
-        await _publish_confirmed(src.url, "rs.q", COUNT)
-        _shovel(dest, "pull", _definition(src.url, "amqp://", "rs.q"))  # runs on dest
-        await _kill_mid_move(src, dest, "rs.q")
-        await _state(dest, "pull", lambda r: r["state"] != "running")
-        src.start()
-        await _state(dest, "pull", lambda r: r["state"] == "running", timeout=60)
-        _check(await _all_bodies(dest.url, "rs.q", COUNT), "source killed")
-        assert await queue_depth(src.url, "rs.q") == 0
+        await _publish_confirmed(src.url, queue, COUNT)
+        if killed == "source":
+            host, victim = dest, src
+            _shovel(host, "move", _definition(src.url, "amqp://", queue))
+        else:
+            host, victim = src, dest
+            _shovel(host, "move", _definition("amqp://", dest.url, queue))
+        await _kill_mid_move(victim, dest, queue)
+        await _state(host, "move", lambda r: r["state"] != "running")
+        victim.start()
+        await _state(host, "move", lambda r: r["state"] == "running", timeout=60)
+        _check(await _all_bodies(dest.url, queue, COUNT), f"{killed} killed")
+        assert await queue_depth(src.url, queue) == 0
     finally:
         dest.stop()
         src.stop()
-
-
-async def test_destination_killed_and_restarted(tmp_path: Path) -> None:
-    src = MgmtBroker(tmp_path / "src").start()
-    dest = MgmtBroker(tmp_path / "dest").start()
-    try:
-        await _publish_confirmed(src.url, "rd.q", COUNT)
-        _shovel(src, "push", _definition("amqp://", dest.url, "rd.q"))  # runs on src
-        await _kill_mid_move(dest, dest, "rd.q")
-        await _state(src, "push", lambda r: r["state"] != "running")
-        dest.start()
-        await _state(src, "push", lambda r: r["state"] == "running", timeout=60)
-        _check(await _all_bodies(dest.url, "rd.q", COUNT), "destination killed")
-        assert await queue_depth(src.url, "rd.q") == 0
-    finally:
-        src.stop()
-        dest.stop()

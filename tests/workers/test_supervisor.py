@@ -45,6 +45,21 @@ def _one_per_worker(b: WorkersBroker) -> dict[str, pika.BlockingConnection]:
     raise AssertionError(f"60 connections landed on {sorted(found)} only")
 
 
+def _fill_one_queue_per_worker(b: WorkersBroker, prefix: str, count: int
+                               ) -> dict[str, pika.BlockingConnection]:
+    """On a connection per worker, a queue `prefix` + the worker's suffix (w1, w2, ...) with
+    `count` confirmed messages: each lives on its declaring connection's worker."""
+    conns = _one_per_worker(b)
+    for node, conn in conns.items():
+        ch = conn.channel()
+        name = prefix + node.rsplit("-", 1)[1]
+        ch.queue_declare(name)
+        ch.confirm_delivery()
+        for i in range(count):
+            ch.basic_publish("", name, b"%d" % i)
+    return conns
+
+
 def test_workers_serve_one_broker(two: WorkersBroker) -> None:
     """A queue declared on one worker is published to and consumed from connections on
     both; the management API lists every queue once, with the worker that holds it."""
@@ -167,14 +182,7 @@ def test_balanced_locator_spreads_one_connections_queues(tmp_path: Path) -> None
 def test_management_shows_the_whole_broker(two: WorkersBroker) -> None:
     """Whichever worker answers: every queue once with its home worker's message count,
     every connection, and overview totals summed over the workers."""
-    conns = _one_per_worker(two)
-    for node, conn in conns.items():
-        ch = conn.channel()
-        name = "depth-" + node.rsplit("-", 1)[1]
-        ch.queue_declare(name)
-        ch.confirm_delivery()
-        for i in range(7):
-            ch.basic_publish("", name, b"x%d" % i)
+    conns = _fill_one_queue_per_worker(two, "depth-", 7)
     for _ in range(6):  # several requests: both workers answer some
         queues = {q["name"]: q for q in two.get("/api/queues")}
         assert queues["depth-w1"]["messages"] == 7 and queues["depth-w2"]["messages"] == 7
@@ -287,14 +295,7 @@ def test_direct_reply_to_across_workers(two: WorkersBroker) -> None:
 def test_metrics_are_the_whole_servers(two: WorkersBroker) -> None:
     """/metrics on the shared port: whichever worker is scraped, queues carry their home
     worker's counts and the node-wide figures are summed over the workers."""
-    conns = _one_per_worker(two)
-    for node, conn in conns.items():
-        ch = conn.channel()
-        name = "metric-" + node.rsplit("-", 1)[1]
-        ch.queue_declare(name)
-        ch.confirm_delivery()
-        for i in range(3):
-            ch.basic_publish("", name, b"%d" % i)
+    conns = _fill_one_queue_per_worker(two, "metric-", 3)
     for _ in range(6):
         status, _, text = two.raw("/metrics")
         assert status == 200
