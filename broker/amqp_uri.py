@@ -1,15 +1,16 @@
 """AMQP URIs as the plugins that are AMQP clients of brokers (shovel, federation) take them: a
 URI or a list of them, checked as RabbitMQ's amqp_uri parser would; a URI that names this
 broker (`amqp://` with no host, or this node's port on loopback with no credentials) logged
-in as a given user through the node's direct secret; URIs shown without their secrets. Plain
-code, below every plugin, so no plugin imports another."""
+in as a given user through the node's direct secret; URIs shown without their secrets; the
+reconnect delays between sessions. Plain code, below every plugin, so no plugin imports
+another."""
 
 from __future__ import annotations
 
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-__all__ = ["LocalBroker", "UriInvalid", "parse_uris", "redacted", "uri_vhost",
-           "without_credentials"]
+__all__ = ["LocalBroker", "ReconnectBackoff", "UriInvalid", "parse_uris", "redacted",
+           "uri_vhost", "without_credentials"]
 
 _LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
@@ -97,3 +98,25 @@ def without_credentials(uri: str) -> str:
     parts = urlsplit(uri)
     netloc = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+class ReconnectBackoff:
+    """The plugins' wait before a new session (`reconnect-delay`): the base delay, doubling
+    after each failed session up to 30 s (or the base, if that is longer), back to the base
+    after a session that made progress; a base of 0 means no reconnect (the plugins' 0)."""
+
+    MAX_S = 30.0
+
+    def __init__(self, base_s: float) -> None:
+        self.base_s = base_s
+        self._next_s = base_s
+
+    def next_delay(self, progressed: bool) -> float | None:
+        """The wait before the next session, or None for none."""
+        if self.base_s == 0:
+            return None
+        if progressed:
+            self._next_s = self.base_s
+        delay = self._next_s
+        self._next_s = min(delay * 2, max(self.MAX_S, self.base_s))
+        return delay

@@ -32,7 +32,7 @@ from aio_pika.abc import (
 )
 from aiormq.exceptions import ChannelNotFoundEntity
 
-from broker.amqp_uri import LocalBroker, uri_vhost, without_credentials
+from broker.amqp_uri import LocalBroker, ReconnectBackoff, uri_vhost, without_credentials
 from broker.federation.upstream import (
     BINDING_HEADER,
     ROUTING_HEADER,
@@ -45,7 +45,6 @@ __all__ = ["ExchangeLink", "Link", "QueueLink", "upstream_queue_name"]
 
 log = structlog.get_logger("hare.federation")
 
-MAX_BACKOFF_S = 30.0
 DEMAND_POLL_S = 0.1  # how often a queue link looks at its downstream queue
 _PROPERTIES = ("content_type", "content_encoding", "delivery_mode", "priority",
                "correlation_id", "reply_to", "expiration", "message_id", "timestamp", "type",
@@ -119,7 +118,7 @@ class Link:
         self.ran = self.ran or status == "running"
 
     async def _run(self) -> None:
-        delay = self.upstream.reconnect_delay_s
+        backoff = ReconnectBackoff(self.upstream.reconnect_delay_s)
         while True:
             self._set("starting", self.error)
             self.ran = False
@@ -133,12 +132,10 @@ class Link:
                           type(exc).__name__)
                 log.warning("federation link failed", vhost=self.vhost, link=self.kind,
                             name=self.name, upstream=self.upstream.name, reason=self.error)
-            if self.upstream.reconnect_delay_s == 0:
-                return  # the plugin's meaning of 0: no reconnect
-            if self.ran:  # this session got to running: the backoff starts afresh
-                delay = self.upstream.reconnect_delay_s
+            delay = backoff.next_delay(progressed=self.ran)  # it got to running
+            if delay is None:
+                return
             await asyncio.sleep(delay)
-            delay = min(delay * 2, max(MAX_BACKOFF_S, self.upstream.reconnect_delay_s))
 
     async def _session(self) -> None:
         """Connect both sides and federate until something fails (raises)."""

@@ -20,14 +20,12 @@ from aiormq import Channel as RawChannel
 from aiormq.abc import DeliveredMessage
 from aiormq.exceptions import ChannelNotFoundEntity, DeliveryError
 
-from broker.amqp_uri import LocalBroker, redacted
+from broker.amqp_uri import LocalBroker, ReconnectBackoff, redacted
 from broker.shovel.definition import ShovelDefinition
 
 __all__ = ["Shovel"]
 
 log = structlog.get_logger("hare.shovel")
-
-MAX_BACKOFF_S = 30.0
 
 
 class Shovel:
@@ -81,7 +79,7 @@ class Shovel:
         self.state, self.reason, self.since = state, reason, time.time()
 
     async def _run(self) -> None:
-        delay = self.definition.reconnect_delay_s
+        backoff = ReconnectBackoff(self.definition.reconnect_delay_s)
         while True:
             self._set("starting", self.reason)
             moved = self.moved
@@ -97,12 +95,10 @@ class Shovel:
                 self._set("terminated", "src-delete-after reached")
                 self._on_finished(self)
                 return
-            if self.definition.reconnect_delay_s == 0:
-                return  # the plugin's meaning of 0: no reconnect
-            if self.moved > moved:  # this session moved messages: the backoff starts afresh
-                delay = self.definition.reconnect_delay_s
+            delay = backoff.next_delay(progressed=self.moved > moved)  # it moved messages
+            if delay is None:
+                return
             await asyncio.sleep(delay)
-            delay = min(delay * 2, max(MAX_BACKOFF_S, self.definition.reconnect_delay_s))
 
     async def _connect(self, uris: tuple[str, ...], side: str) -> AbstractConnection:
         error: Exception | None = None
