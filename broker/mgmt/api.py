@@ -35,13 +35,12 @@ from broker.mgmt.http import (
     no_content,
     read_json,
 )
-from broker.mgmt.peers import peer_items, peer_totals, queues_from_homes
+from broker.mgmt.peers import all_consumers, peer_items, peer_totals, queues_from_homes
 from broker.mgmt.stats import channels, details, stores
 from broker.mgmt.views import (
     bindings_of,
     channel_json,
     connection_json,
-    consumer_json,
     exchange_json,
     product,
     properties_key,
@@ -309,11 +308,14 @@ async def channels_list(request: web.Request) -> web.Response:
 
 
 async def consumers(request: web.Request) -> web.Response:
-    out: list[dict[str, Any]] = []
-    for vhost in await visible_vhosts(request):
-        for q in list(vhost.queues.values()):
-            out.extend(consumer_json(c) for c in list(q.consumers))
-    return json_response(out)
+    """Every node's (worker's) consumers; as RabbitMQ, monitoring users and administrators see
+    all of them, others their own channels' only."""
+    who = caller(request)
+    names = {v.name for v in await visible_vhosts(request, monitor_sees_all=True)}
+    return json_response(_sort(request, [
+        c for c in await all_consumers(request.app[NODE])
+        if c["queue"]["vhost"] in names
+        and (who.is_monitor or c["channel_details"]["user"] == who.name)]))
 
 
 # -- exchanges ----------------------------------------------------------------------------------
@@ -390,7 +392,7 @@ async def queue_one(request: web.Request) -> web.Response:
     vhost = vhost_of(node, request.match_info["vhost"])
     q = _queue(vhost, request.match_info["name"])
     out = (await queues_from_homes(node, [queue_json(q, request.app[STATS], node.name)]))[0]
-    out["consumer_details"] = [consumer_json(c) for c in list(q.consumers)]
+    out["consumer_details"] = await all_consumers(node, (vhost.name, q.name))
     return json_response(out)
 
 

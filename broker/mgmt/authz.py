@@ -7,9 +7,10 @@ route added without a declaration is administrators-only (fail closed).
 
     tag            may
     management     its own vhosts (those it may open over AMQP): their queues, exchanges,
-                   bindings, consumers and overview figures; its own connections and channels
+                   bindings and overview figures; its own connections, channels and consumers
     policymaker    as management, plus policies and parameters in its vhosts
-    monitoring     as management, plus every vhost, connection and channel, node figures
+    monitoring     as management, plus every vhost, connection, channel and consumer, node
+                   figures
     administrator  everything
 
 Then, for everyone but administrators, a path that names a vhost needs access to that vhost.

@@ -3,8 +3,9 @@ hare-server's workers are one), a queue's counts and rates are its home node's, 
 node has its own connections, channels and counters. The node answering a request asks its
 peers over the link (`cluster.ask_peers`, answered by the handler registered here) and
 merges their parts with its own, so any node (any worker behind the one port) shows the
-whole broker: every queue once with its home's figures, every connection, summed totals.
-A single node has no peers: nothing is asked."""
+whole broker: every queue once with its home's figures, every connection, every consumer
+once (listed by the node of its channel, its `active` as its queue's home decides it),
+summed totals. A single node has no peers: nothing is asked."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ from typing import TYPE_CHECKING, Any
 from broker.flow.memory_monitor import process_memory
 from broker.mgmt.http import dumps
 from broker.mgmt.stats import channels
-from broker.mgmt.views import channel_json, connection_json, queue_json
+from broker.mgmt.views import channel_json, connection_json, consumer_json, queue_json
 
 if TYPE_CHECKING:
     from broker.mgmt.stats import Stats
     from broker.node import Node
 
-__all__ = ["OP", "peer_items", "peer_totals", "queues_from_homes", "register"]
+__all__ = ["OP", "all_consumers", "peer_items", "peer_totals", "queues_from_homes",
+           "register"]
 
 OP = "mgmt_part"
 
@@ -40,6 +42,8 @@ async def _answer(node: Node, stats: Stats, m: dict[str, Any]) -> dict[str, Any]
                 "rss": process_memory(), "alarms": sorted(node.alarms_active()),
                 "auth": {p: [c.attempts, c.failed, c.succeeded]
                          for p, c in node.auth.attempts.items()}}
+    if kind == "consumers":
+        return {"json": dumps(_consumers_here(node, _queue_key(m)))}
     items: list[dict[str, Any]]
     if kind == "queues":  # the queues homed here, with their figures
         items = [queue_json(q, stats, node.name) for v in list(node.vhosts.values())
@@ -78,3 +82,54 @@ async def queues_from_homes(node: Node, local: list[dict[str, Any]]) -> list[dic
 async def peer_totals(node: Node) -> list[dict[str, Any]]:
     """Each peer's connection and channel counts and its node totals (Stats.totals)."""
     return [a for a in await node.cluster.ask_peers(OP, {"kind": "totals"}) if "totals" in a]
+
+
+# (vhost, queue): one queue's consumers (a queue page); None: all of them
+QueueKey = tuple[str, str] | None
+
+
+def _queue_key(m: dict[str, Any]) -> QueueKey:
+    return (m["v"], m["q"]) if "q" in m else None
+
+
+def _consumers_here(node: Node, only: QueueKey) -> dict[str, list[Any]]:
+    """This node's clients' consumers ("consumers"), and how the queues homed here see other
+    nodes' clients' consumers ("activity": [node, vhost, queue, tag, active, status]): the
+    queue's home picks a single active consumer, the consumer's node cannot tell."""
+    clients = set(channels(node))
+    mine: list[dict[str, Any]] = []
+    activity: list[list[Any]] = []
+    for v in list(node.vhosts.values()):
+        if only is not None and v.name != only[0]:
+            continue
+        for q in list(v.queues.values()):
+            if only is not None and q.name != only[1]:
+                continue
+            for c in list(q.consumers):
+                if c.channel in clients:
+                    mine.append(consumer_json(c, node.name))
+                elif q.home in (None, node.name):  # a peer's consumer: the link's channel,
+                    # whose reader's peer is that node's name
+                    activity.append([c.channel.reader.peer[0], v.name, q.name, c.tag,
+                                     *q.consumer_activity(c)])
+    return {"consumers": mine, "activity": activity}
+
+
+async def all_consumers(node: Node, only: QueueKey = None) -> list[dict[str, Any]]:
+    """Every node's clients' consumers (of queue `only`), each once, with the `active` and
+    `activity_status` its queue's home gives it."""
+    parts = [_consumers_here(node, only)]
+    ask = {"kind": "consumers"} if only is None else {"kind": "consumers", "v": only[0],
+                                                       "q": only[1]}
+    parts += [json.loads(a["json"]) for a in await node.cluster.ask_peers(OP, ask)
+              if "json" in a]
+    homes = {tuple(a[:4]): a[4:] for p in parts for a in p["activity"]}
+    out: list[dict[str, Any]] = []
+    for p in parts:
+        for c in p["consumers"]:
+            seen = homes.get((c["channel_details"]["node"], c["queue"]["vhost"],
+                              c["queue"]["name"], c["consumer_tag"]))
+            if seen is not None:
+                c["active"], c["activity_status"] = seen
+            out.append(c)
+    return out

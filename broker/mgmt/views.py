@@ -275,7 +275,7 @@ def channel_json(ch: Channel, node: Node) -> dict[str, Any]:
     }
 
 
-def consumer_json(c: Consumer) -> dict[str, Any]:
+def consumer_json(c: Consumer, node_name: str) -> dict[str, Any]:
     ch = c.channel
     active, status = c.queue.consumer_activity(c)
     return {
@@ -288,6 +288,7 @@ def consumer_json(c: Consumer) -> dict[str, Any]:
             "peer_host": ch.reader.peer[0],
             "peer_port": ch.reader.peer[1],
             "user": ch.user,
+            "node": node_name,
         },
         "ack_required": not c.no_ack,
         "exclusive": c.exclusive,

@@ -116,6 +116,50 @@ async def test_management_purge_and_get_reach_the_home_node(
     wait_for(lambda: b.get("/api/queues/%2F/mp")["messages"] == 0, what="purged on b")
 
 
+async def test_every_nodes_consumers_listed_once(trio: tuple[ClusterNode, ...]) -> None:
+    """Consumers on A and C of queues homed on B: every node's /api/consumers and the queue's
+    consumer_details list both once, on their own node and channel; a single-active-consumer
+    queue's choice is made, and shown, by its home."""
+    a, b, c = trio
+    cb = await aio_pika.connect(b.url)
+    chb = await cb.channel()
+    await chb.declare_queue("lc", auto_delete=True)
+    await chb.declare_queue("lsac", auto_delete=True,
+                            arguments={"x-single-active-consumer": True})
+    wait_for(lambda: all(n.api("GET", "/api/queues/%2F/lsac")[0] == 200 for n in (a, c)),
+             what="queues everywhere")
+    clients = []
+    for node, first, second in ((a, "lc", "lsac"), (c, "lsac", "lc")):
+        conn = await aio_pika.connect(node.url)
+        ch = await conn.channel()
+        for name in (first, second):  # lsac's consumer on A comes first: the active one
+            await (await ch.get_queue(name)).consume(_hold, consumer_tag=f"{name}-{node.name}")
+        clients.append(conn)
+    want = {"lc-link-a": ("lc", "link-a", True, "up"), "lc-link-c": ("lc", "link-c", True, "up"),
+            "lsac-link-a": ("lsac", "link-a", True, "single_active"),
+            "lsac-link-c": ("lsac", "link-c", False, "waiting")}
+
+    def seen(listed: list[dict]) -> dict[str, tuple[str, str, bool, str]]:
+        tags = [x["consumer_tag"] for x in listed if x["queue"]["name"] in ("lc", "lsac")]
+        assert len(tags) == len(set(tags)), tags
+        return {x["consumer_tag"]: (x["queue"]["name"], x["channel_details"]["node"],
+                                    x["active"], x["activity_status"])
+                for x in listed if x["queue"]["name"] in ("lc", "lsac")}
+
+    for node in (a, b, c):
+        await asyncio.to_thread(wait_for, lambda n=node: seen(n.get("/api/consumers")) == want,
+                                10.0, f"every consumer on {node.name}")
+        details = (await asyncio.to_thread(node.get, "/api/queues/%2F/lc"))["consumer_details"]
+        assert seen(details) == {t: want[t] for t in ("lc-link-a", "lc-link-c")}
+        assert {x["channel_details"]["user"] for x in details} == {"guest"}
+    for conn in (*clients, cb):
+        await conn.close()
+
+
+async def _hold(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+    """Keep the delivery unacknowledged."""
+
+
 async def test_credit_flow_across_the_link(trio: tuple[ClusterNode, ...]) -> None:
     """While the home node does not take messages (stopped), the publisher's channel on A
     runs out of credit towards the remote queue and A stops reading the publisher's socket,

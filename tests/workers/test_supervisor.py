@@ -3,6 +3,7 @@ restarts a killed worker, stops all of them on SIGTERM, and they stop when it di
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import pika
 import pytest
 
+from tests.cluster.helpers import ctl
 from tests.conftest import BrokerProc
 from tests.workers.helpers import WorkersBroker, alive, children, wait_for
 
@@ -194,6 +196,63 @@ def test_management_shows_the_whole_broker(two: WorkersBroker) -> None:
         assert overview["queue_totals"]["messages"] == 14
         one = two.get("/api/queues/%2F/depth-w2")
         assert one["messages"] == 7
+    for c in conns.values():
+        c.close()
+
+
+def test_consumers_of_every_worker_listed_once(two: WorkersBroker) -> None:
+    """/api/consumers, a queue's consumer_details and hare-ctl list_consumers show every
+    worker's consumers once, with their own channel (not the link's), whichever worker
+    answers; a single-active-consumer queue's choice is its home's; a vhost filters them;
+    as RabbitMQ, a monitoring user sees them all, a management user its own only."""
+    assert two.api("PUT", "/api/vhosts/other", {})[0] == 201
+    for user, tags in (("mon", "monitoring"), ("mgr", "management")):
+        assert two.api("PUT", f"/api/users/{user}", {"password": "pw", "tags": tags})[0] == 201
+    assert two.api("PUT", "/api/permissions/other/mgr",
+                   {"configure": ".*", "write": ".*", "read": ".*"})[0] == 201
+    conns = _one_per_worker(two)
+    (w1, c1), (w2, c2) = sorted(conns.items())
+    ch1, ch2 = c1.channel(), c2.channel()
+    ch1.queue_declare("cq")
+    ch1.queue_declare("sac", arguments={"x-single-active-consumer": True})
+    ch1.basic_consume("cq", lambda *a: None, consumer_tag="t-w1")
+    ch2.basic_consume("cq", lambda *a: None, consumer_tag="t-w2")
+    ch2.basic_consume("sac", lambda *a: None, consumer_tag="sac-first")  # from w2: active
+    ch1.basic_consume("sac", lambda *a: None, consumer_tag="sac-second")
+    mine = pika.BlockingConnection(pika.URLParameters(
+        two.url.replace("guest:guest", "mgr:pw") + "other?heartbeat=0"))
+    ch3 = mine.channel()
+    ch3.queue_declare("mq")
+    ch3.basic_consume("mq", lambda *a: None, consumer_tag="t-mgr")
+    want = {"t-w1": ("cq", w1, True, "up"), "t-w2": ("cq", w2, True, "up"),
+            "sac-first": ("sac", w2, True, "single_active"),
+            "sac-second": ("sac", w1, False, "waiting")}
+
+    def seen(listed: list[dict]) -> dict[str, tuple[str, str, bool, str]]:
+        tags = [c["consumer_tag"] for c in listed]
+        assert len(tags) == len(set(tags)), tags
+        for c in listed:
+            assert c["channel_details"]["connection_name"].startswith("conn-"), c
+        return {c["consumer_tag"]: (c["queue"]["name"], c["channel_details"]["node"],
+                                    c["active"], c["activity_status"]) for c in listed}
+
+    wait_for(lambda: seen(two.get("/api/consumers/%2F")) == want, what="both workers'")
+    for _ in range(6):  # several requests: both workers answer some
+        everyone = seen(two.get("/api/consumers"))
+        assert set(everyone) == {*want, "t-mgr"}
+        assert seen(two.get("/api/consumers/%2F")) == want
+        assert set(seen(two.get("/api/consumers/other"))) == {"t-mgr"}
+        assert seen(two.get("/api/consumers", user="mon", password="pw")) == everyone
+        assert set(seen(two.get("/api/consumers", user="mgr", password="pw"))) == {"t-mgr"}
+        details = two.get("/api/queues/%2F/sac")["consumer_details"]
+        assert seen(details) == {t: want[t] for t in ("sac-first", "sac-second")}
+        assert {c["channel_details"]["user"] for c in details} == {"guest"}
+    listed = ctl(two, "--json", "list_consumers", "queue_name", "consumer_tag", "active")
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(json.loads(listed.stdout), key=str) == sorted(
+        ({"queue_name": q, "consumer_tag": tag, "active": a}
+         for tag, (q, _, a, _) in want.items()), key=str)
+    mine.close()
     for c in conns.values():
         c.close()
 
