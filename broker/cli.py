@@ -83,6 +83,31 @@ def _check_data_dir(settings: Settings) -> str | None:
     return None
 
 
+def _settle_layout(settings: Settings, workers: int) -> str | None:
+    """The data directory as this start lays it out (broker/store/tree_layout.py), under
+    its lock: a first multi-worker start makes a single process's directory worker 1's; a
+    single process refuses a worker tree's (its definitions are the parent's meta.log, its
+    queues spread over the workers' directories) rather than start empty beside it."""
+    from broker.store.tree_layout import adopt_single_layout, tree_entries, undo_adoption
+
+    path = settings.data_dir
+    try:
+        if workers > 1:
+            if moved := adopt_single_layout(path):
+                log.warning("single-process data directory adopted as worker 1's",
+                            data_dir=str(path), moved=moved)
+            return None
+        undo_adoption(path)
+        tree = tree_entries(path)
+    except OSError as exc:
+        return f"data directory {path} cannot be laid out for workers = {workers}: {exc}"
+    if not tree:
+        return None
+    return (f"data directory {path} holds a multi-worker server ({', '.join(tree)}); start "
+            f"it with --workers 2 or more (or workers = auto), or give one process a new "
+            f"data directory")
+
+
 def _lock_data_dir(settings: Settings, wait_s: float = 0.0) -> tuple[int, str | None]:
     """One broker per data directory: an flock held for the life of the process (released
     by the kernel even after kill -9, so a crash never leaves a stale lock). `wait_s`: how
@@ -146,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"hare-server: {problem}", file=sys.stderr)
         return 1
+    if role is None and (problem := _settle_layout(settings, workers)):
+        os.close(lock_fd)
+        print(f"hare-server: {problem}", file=sys.stderr)
+        return 2
     try:
         import uvloop
 
