@@ -19,7 +19,7 @@ import structlog
 
 from broker.config import ConfigError, Settings, load_settings
 from broker.logs import configure_logging
-from broker.store.layout import LOCK_FILE
+from broker.store.layout import DEFINITIONS, LOCK_FILE
 
 __all__ = ["main", "run"]
 
@@ -87,7 +87,8 @@ def _settle_layout(settings: Settings, workers: int) -> str | None:
     """The data directory as this start lays it out (broker/store/tree_layout.py), under
     its lock: a first multi-worker start makes a single process's directory worker 1's; a
     single process refuses a worker tree's (its definitions are the parent's meta.log, its
-    queues spread over the workers' directories) rather than start empty beside it."""
+    queues spread over the workers' directories) rather than start empty beside it. Both
+    side by side (a tree started there before adoption existed): each kind keeps its own."""
     from broker.store.tree_layout import adopt_single_layout, tree_entries, undo_adoption
 
     path = settings.data_dir
@@ -96,12 +97,19 @@ def _settle_layout(settings: Settings, workers: int) -> str | None:
             if moved := adopt_single_layout(path):
                 log.warning("single-process data directory adopted as worker 1's",
                             data_dir=str(path), moved=moved)
+            elif (path / DEFINITIONS).exists():
+                log.warning("a single process's data beside the worker tree is left alone",
+                            data_dir=str(path))
             return None
         undo_adoption(path)
         tree = tree_entries(path)
     except OSError as exc:
         return f"data directory {path} cannot be laid out for workers = {workers}: {exc}"
     if not tree:
+        return None
+    if (path / DEFINITIONS).exists():
+        log.warning("a worker tree's data beside this single process's is left alone",
+                    data_dir=str(path), tree=tree)
         return None
     return (f"data directory {path} holds a multi-worker server ({', '.join(tree)}); start "
             f"it with --workers 2 or more (or workers = auto), or give one process a new "

@@ -106,3 +106,30 @@ def test_one_process_refuses_a_worker_trees_directory(tmp_path: Path) -> None:
     assert done.stderr.count("\n") == 1, done.stderr
     assert str(data) in done.stderr and "--workers 2" in done.stderr
     assert sorted(p.name for p in data.iterdir()) == before
+
+
+def test_both_side_by_side_each_kind_keeps_its_own(tmp_path: Path) -> None:
+    """A tree started beside a single process's data before adoption existed: the single
+    process starts with its own (not refused), the tree with its own (nothing moved)."""
+    data, tree = tmp_path / "data", tmp_path / "tree"
+    two = WorkersBroker(tree, 2).start()
+    assert two.stop() == 0
+    single = MgmtBroker(data, ["--workers", "1"]).start()
+    try:
+        _populate(single, 3)
+        assert single.stop() == 0
+        for entry in tree.iterdir():  # the tree's meta.* and w<i>/ beside the single's
+            if entry.name != "hare.lock":
+                entry.rename(data / entry.name)
+        single.start()
+        _check(single, 3)
+        assert single.stop() == 0
+    finally:
+        single.kill()
+    two = WorkersBroker(data, 2).start()
+    try:
+        assert two.api("GET", "/api/queues/%2F/kept")[0] == 404
+        assert (data / "definitions.sqlite").exists()
+        assert two.stop() == 0
+    finally:
+        two.kill()
