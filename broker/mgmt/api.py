@@ -35,7 +35,13 @@ from broker.mgmt.http import (
     no_content,
     read_json,
 )
-from broker.mgmt.peers import all_consumers, peer_items, peer_totals, queues_from_homes
+from broker.mgmt.peers import (
+    all_consumers,
+    client_consumers,
+    peer_items,
+    peer_totals,
+    queues_from_homes,
+)
 from broker.mgmt.stats import channels, details, stores
 from broker.mgmt.views import (
     bindings_of,
@@ -112,13 +118,14 @@ async def overview(request: web.Request) -> web.Response:
     chans = [ch for c in conns for ch in list(c.channels.values())]
     shown_queues = [q for v in vhosts for q in list(v.queues.values())]
     exchanges = sum(len(v.exchanges) for v in vhosts)
-    consumers = sum(len(q.consumers) for q in shown_queues)
+    consumers = client_consumers(node, vhosts)
     totals = stats.totals() if who.is_monitor else _queue_totals(shown_queues, chans)
     peer_conns = peer_chans = 0
     if who.is_monitor:  # the node-wide figures of the other workers (nodes) added in
         for part in await peer_totals(node):
             peer_conns += part["connections"]
             peer_chans += part["channels"]
+            consumers += part.get("consumers", 0)
             for key, value in part["totals"].items():
                 totals[key] = totals.get(key, 0) + value
     message_stats: dict[str, Any] = {}

@@ -21,9 +21,10 @@ from broker.mgmt.views import channel_json, connection_json, consumer_json, queu
 if TYPE_CHECKING:
     from broker.mgmt.stats import Stats
     from broker.node import Node
+    from broker.vhost import VHost
 
-__all__ = ["OP", "all_consumers", "peer_items", "peer_totals", "queues_from_homes",
-           "register"]
+__all__ = ["OP", "all_consumers", "client_consumers", "peer_items", "peer_totals",
+           "queues_from_homes", "register"]
 
 OP = "mgmt_part"
 
@@ -38,6 +39,7 @@ async def _answer(node: Node, stats: Stats, m: dict[str, Any]) -> dict[str, Any]
         conns = [c for c in list(node.connections) if c.vhost is not None]
         return {"connections": len(conns),
                 "channels": sum(len(c.channels) for c in conns), "totals": stats.totals(),
+                "consumers": client_consumers(node, list(node.vhosts.values())),
                 # what /metrics sums over the nodes (workers) besides
                 "rss": process_memory(), "alarms": sorted(node.alarms_active()),
                 "auth": {p: [c.attempts, c.failed, c.succeeded]
@@ -90,6 +92,14 @@ QueueKey = tuple[str, str] | None
 
 def _queue_key(m: dict[str, Any]) -> QueueKey:
     return (m["v"], m["q"]) if "q" in m else None
+
+
+def client_consumers(node: Node, vhosts: list[VHost]) -> int:
+    """How many consumers this node's clients have in `vhosts` (those of other nodes' clients
+    on queues homed here are theirs to count)."""
+    clients = set(channels(node))
+    return sum(c.channel in clients for v in vhosts for q in list(v.queues.values())
+               for c in list(q.consumers))
 
 
 def _consumers_here(node: Node, only: QueueKey) -> dict[str, list[Any]]:

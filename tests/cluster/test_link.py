@@ -135,6 +135,9 @@ async def test_every_nodes_consumers_listed_once(trio: tuple[ClusterNode, ...]) 
         for name in (first, second):  # lsac's consumer on A comes first: the active one
             await (await ch.get_queue(name)).consume(_hold, consumer_tag=f"{name}-{node.name}")
         clients.append(conn)
+        # once the home node has it (consume-ok on A comes before the link brings it to B)
+        await asyncio.to_thread(wait_for, lambda: b.get("/api/queues/%2F/lsac")["consumers"]
+                                >= len(clients), 10.0, "lsac's consumers at home")
     want = {"lc-link-a": ("lc", "link-a", True, "up"), "lc-link-c": ("lc", "link-c", True, "up"),
             "lsac-link-a": ("lsac", "link-a", True, "single_active"),
             "lsac-link-c": ("lsac", "link-c", False, "waiting")}

@@ -218,6 +218,8 @@ def test_consumers_of_every_worker_listed_once(two: WorkersBroker) -> None:
     ch1.basic_consume("cq", lambda *a: None, consumer_tag="t-w1")
     ch2.basic_consume("cq", lambda *a: None, consumer_tag="t-w2")
     ch2.basic_consume("sac", lambda *a: None, consumer_tag="sac-first")  # from w2: active
+    # once its home has it (consume-ok on w2 comes before the link delivers it to w1)
+    wait_for(lambda: two.get("/api/queues/%2F/sac")["consumers"] == 1, what="sac-first home")
     ch1.basic_consume("sac", lambda *a: None, consumer_tag="sac-second")
     mine = pika.BlockingConnection(pika.URLParameters(
         two.url.replace("guest:guest", "mgr:pw") + "other?heartbeat=0"))
@@ -244,6 +246,7 @@ def test_consumers_of_every_worker_listed_once(two: WorkersBroker) -> None:
         assert set(seen(two.get("/api/consumers/other"))) == {"t-mgr"}
         assert seen(two.get("/api/consumers", user="mon", password="pw")) == everyone
         assert set(seen(two.get("/api/consumers", user="mgr", password="pw"))) == {"t-mgr"}
+        assert two.get("/api/overview")["object_totals"]["consumers"] == len(everyone)
         details = two.get("/api/queues/%2F/sac")["consumer_details"]
         assert seen(details) == {t: want[t] for t in ("sac-first", "sac-second")}
         assert {c["channel_details"]["user"] for c in details} == {"guest"}
