@@ -212,6 +212,9 @@ class RemoteQueue:
             raise ChannelError(NOT_FOUND, f"no queue '{self.name}' in vhost '{self.vhost.name}'")
         return reply
 
+    def publish_now(self, channel: PublishingChannel, items: list[tuple[Message, int]]) -> None:
+        self.post_publishes(channel, items)
+
     def drain(self) -> None:
         pass
 

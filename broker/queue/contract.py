@@ -113,6 +113,11 @@ class QueueType(Protocol):
         """A batch routed here; confirms go back to channel.queue_confirmed (seq 0: none)."""
         ...
 
+    def publish_now(self, channel: PublishingChannel, items: list[tuple[Message, int]]) -> None:
+        """A batch routed here from a reader's callback (Channel.publish_now), taken in this
+        loop iteration as post_publishes then drain would, without waking an idle task."""
+        ...
+
     def ack(self, seqs: list[int]) -> None:
         """Deliveries settled by the consumer."""
         ...

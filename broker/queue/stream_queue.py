@@ -376,6 +376,9 @@ class StreamQueue:
     def touch(self) -> None:
         """Streams have no x-expires."""
 
+    def publish_now(self, channel: PublishingChannel, items: list[tuple[Message, int]]) -> None:
+        self.post_publishes(channel, items)
+
     def drain(self) -> None:
         """No mailbox: a publish is in the log as soon as it is posted."""
 

@@ -271,7 +271,8 @@ class Channel:
         """The reader's chunk brought only publishes to a channel whose task is idle (it
         waits on an empty mailbox): they are handled here, in the reader's callback, as the
         task would handle them, so they reach their queues in this loop iteration instead of
-        the next, and the queues take them at once (`drain`) instead of an iteration later.
+        the next, and the queues take them at once (`QueueType.publish_now`) instead of an
+        iteration later.
         A publish that must wait for an auth backend's answer goes back to the task with
         everything after it, in order."""
         batch = self.mailbox.take()
@@ -290,12 +291,9 @@ class Channel:
             except Exception as exc:
                 self._on_error(exc)
             done += 1
-        queues = list(self._batch)
-        self._flush_batch()
-        # and their queues take them now too (no queue is mid-turn under a socket callback):
-        # the deliveries go out at the next iteration's flush, one hop from the read
-        for q in queues:
-            q.drain()
+        # their queues take them now too (no queue is mid-turn under a socket callback): the
+        # deliveries go out at the next iteration's flush, one hop from the read
+        self._flush_batch(now=True)
         if done:
             self.credit_flow.ack_many(self.reader, done)
 
@@ -874,14 +872,17 @@ class Channel:
         if mandatory:  # returned if every queue it routed to turns out unavailable
             self._mandatory[msg] = n
 
-    def _flush_batch(self) -> None:
+    def _flush_batch(self, now: bool = False) -> None:
         batch = self._batch
         if batch:
             posted = self._posted
             send_many = self.credit_flow.send_many
             for q, items in batch.items():
                 send_many(q, len(items))
-                q.post_publishes(self, items)
+                if now:
+                    q.publish_now(self, items)
+                else:
+                    q.post_publishes(self, items)
                 posted.add(q)
             batch.clear()
         if self._mandatory:
