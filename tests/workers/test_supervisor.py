@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -307,11 +305,3 @@ def test_metrics_are_the_whole_servers(two: WorkersBroker) -> None:
     for c in conns.values():
         c.close()
 
-
-def test_workers_with_cluster_etcd_is_refused(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "broker", "--workers", "2", "--port", "0",
-         "--data-dir", str(tmp_path / "data"), "--cluster-etcd", "http://127.0.0.1:1",
-         "--cluster-secret", "s"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2
-    assert "workers > 1 cannot be combined with cluster_etcd" in done.stderr
