@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pika
 import pytest
 
 from broker.cluster.quorum import choose_members
+from tests.conftest import ROOT
 from tests.workers.helpers import alive, workers
 
 from .helpers import ClusterNode, EtcdProc, ctl, wait_for
@@ -134,6 +137,27 @@ def test_workers_are_nodes_of_the_etcd_cluster(servers: tuple[ClusterNode, Clust
     assert not [p for p in pids if alive(p)]
     wait_for(lambda: _running(solo) == {"solo": True, "srv-w1": False, "srv-w2": False},
              what="the workers out of the running nodes")
+
+
+def test_a_worker_whose_name_is_taken_stops_the_server(tmp_path: Path, etcd: EtcdProc
+                                                       ) -> None:
+    """A worker joins as any node does: its name taken by another node, the server does not
+    start (the worker's line, then the parent's, exit 1) and prints no "listening"."""
+    other = ClusterNode(tmp_path / "other", etcd, "taken", "box-w1").start()
+    try:
+        srv = ClusterNode(tmp_path / "srv", etcd, "taken", "box", ["--workers", "2"])
+        srv.data_dir.mkdir()
+        res = subprocess.run(
+            [sys.executable, "-m", "broker", "--port", "0", "--management-port", "0",
+             "--data-dir", str(srv.data_dir), *srv.args], capture_output=True, text=True,
+            env={**os.environ, **srv.env}, cwd=ROOT, timeout=120)
+        assert res.returncode == 1
+        assert "node name 'box-w1' is already in use in the cluster" in res.stderr
+        assert "hare-server: worker 1 exited at start (code 1)" in res.stderr
+        assert "listening" not in res.stdout
+        assert _running(other) == {"box-w1": True}
+    finally:
+        other.kill()
 
 
 def test_members_spread_over_servers() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -192,6 +193,11 @@ def test_management_shows_the_whole_broker(two: WorkersBroker) -> None:
         assert overview["queue_totals"]["messages"] == 14
         one = two.get("/api/queues/%2F/depth-w2")
         assert one["messages"] == 7
+        # the workers are one server's nodes, named after it
+        nodes = two.get("/api/nodes")
+        server = f"hare@{socket.gethostname()}"
+        assert {n["name"]: n["server"] for n in nodes} == {
+            f"{server}-w1": server, f"{server}-w2": server}
     for c in conns.values():
         c.close()
 
