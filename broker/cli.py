@@ -164,12 +164,6 @@ def main(argv: list[str] | None = None) -> int:
         from broker.config.cpus import usable_cpus
 
         workers = settings.workers or usable_cpus()
-        if workers > 1 and settings.cluster_etcd:
-            # a multi-worker server as one member of an etcd cluster is not built yet: its
-            # workers' metadata is the parent's (docs/ARCHITECTURE.md, "Process tree")
-            print("hare-server: workers > 1 cannot be combined with cluster_etcd yet; set "
-                  "workers = 1 on a cluster node", file=sys.stderr)
-            return 2
     problem = _check_data_dir(settings)
     lock_fd = -1
     if not problem:

@@ -281,7 +281,9 @@ class EtcdCluster:
         for _key, r in self.quorum.records.items():
             for member in r["members"]:
                 load[member] = load.get(member, 0) + 1
-        record["members"] = choose_members(record["node"], reachable, int(size), load)
+        servers = {n: self.membership.running.get(n, {}).get("server", n) for n in reachable}
+        servers[self.node.name] = self.node.server
+        record["members"] = choose_members(record["node"], reachable, int(size), load, servers)
         record["epoch"] = 1
         if await self.metadata.claim("queues", (vhost.name, record["name"]), record) is not None:
             return  # another node's declare won: the channel compares against it
@@ -457,15 +459,19 @@ class EtcdCluster:
             q.consumers.remove(consumer)
         consumer.channel.consumer_cancelled_by_queue(consumer)
 
-    async def ask_peers(self, op: str, message: dict[str, Any]) -> list[dict[str, Any]]:
+    async def ask_peers(self, op: str, message: dict[str, Any], *,
+                        same_server: bool = False) -> list[dict[str, Any]]:
         async def ask(link: Link) -> dict[str, Any] | None:
             try:
                 return await link.call({**message, "op": op})
             except LinkError:
                 return None  # down or slow: its part is left out, the rest is answered
 
-        peers = [x for x in (self.links.get(n) for n in self.membership.running
-                             if n != self.node.name) if x is not None]
+        running = self.membership.running
+        peers = [x for x in (self.links.get(n) for n in running if n != self.node.name
+                             and (not same_server
+                                  or running[n].get("server", n) == self.node.server))
+                 if x is not None]
         answers = await asyncio.gather(*(ask(x) for x in peers))
         return [a for a in answers if a is not None]
 

@@ -36,9 +36,11 @@ class Cluster(Protocol):
     name: str  # the cluster's name (RabbitMQ's cluster_name)
     clustered: bool
 
-    async def ask_peers(self, op: str, message: dict[str, Any]) -> list[dict[str, Any]]:
+    async def ask_peers(self, op: str, message: dict[str, Any], *,
+                        same_server: bool = False) -> list[dict[str, Any]]:
         """Ask every running peer `op` (a handler in its `Node.peer_handlers`); the answers
-        of those that gave one (a single node: none)."""
+        of those that gave one (a single node: none). `same_server`: only the peers of this
+        node's hare-server (the other workers of a multi-worker server)."""
         ...
 
     def forward_reply(self, msg: Message) -> None:
@@ -113,7 +115,8 @@ class LocalCluster:
     async def stop(self) -> None:
         pass
 
-    async def ask_peers(self, op: str, message: dict[str, Any]) -> list[dict[str, Any]]:
+    async def ask_peers(self, op: str, message: dict[str, Any], *,
+                        same_server: bool = False) -> list[dict[str, Any]]:
         return []
 
     def forward_reply(self, msg: Message) -> None:
@@ -172,6 +175,6 @@ class LocalCluster:
 
 def self_card(node: Node, started_ms: int) -> dict[str, Any]:
     """What a node tells the cluster about itself (its card in etcd)."""
-    return {"name": node.name, "pid": os.getpid(), "started": started_ms,
-            "amqp_port": node.port, "management_port": node.management_port(),
-            "alarms": sorted(node.alarms_active())}
+    return {"name": node.name, "server": node.server, "pid": os.getpid(),
+            "started": started_ms, "amqp_port": node.port,
+            "management_port": node.management_port(), "alarms": sorted(node.alarms_active())}

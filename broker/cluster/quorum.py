@@ -56,11 +56,25 @@ def is_quorum(record: dict[str, Any]) -> bool:
     return "members" in record
 
 
-def choose_members(leader: str, candidates: list[str], size: int,
-                   load: dict[str, int]) -> list[str]:
+def choose_members(leader: str, candidates: list[str], size: int, load: dict[str, int],
+                   server: dict[str, str] | None = None) -> list[str]:
     """`size` members, the leader first, the others the least loaded of `candidates`
-    (quorum queue members per node: RabbitMQ's balanced placement)."""
+    (quorum queue members per node: RabbitMQ's balanced placement), at most one per server
+    (`server`: node -> the hare-server it runs in) while the candidates span several: the
+    workers of one server share its machine and disk, so a second member there survives
+    nothing the first would not. Candidates all on one server: as many as asked."""
+    def where(n: str) -> str:
+        return (server or {}).get(n, n)
+
     others = sorted((n for n in candidates if n != leader), key=lambda n: (load.get(n, 0), n))
+    if len({where(n) for n in [leader, *others]}) > 1:
+        used = {where(leader)}
+        spread = []
+        for n in others:
+            if where(n) not in used:
+                used.add(where(n))
+                spread.append(n)
+        others = spread
     return [leader, *others[:max(size, 1) - 1]]
 
 

@@ -349,7 +349,8 @@ class Settings:
         default=1,
         metadata=_m(
             v.workers_value,
-            "worker processes, each a node of a private cluster behind the one set of ports: "
+            "worker processes, each a node of a private cluster (with cluster_etcd: of that "
+            "cluster) behind the one set of ports: "
             "auto (shown as 0) is the cores this process may use, cgroup CPU limit included; "
             "1 is a single process",
         ),
@@ -373,6 +374,15 @@ class Settings:
     cluster_name: str = field(
         default="hare",
         metadata=_m(v.nonempty_string_value, "the cluster's name: its key prefix in etcd"),
+    )
+    cluster_server: str = field(
+        default="",
+        metadata=_m(
+            v.string_value,
+            "the server (machine, disk) this node runs in: quorum queue members go to "
+            "distinct servers (empty: the node's own name; a multi-worker hare-server names "
+            "its workers' server after itself)",
+        ),
     )
     cluster_secret: str = field(
         default="",

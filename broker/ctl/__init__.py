@@ -76,18 +76,23 @@ def _status(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
 
 def _cluster_status(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     """rabbitmqctl cluster_status: the cluster's name, its nodes (disc and running), and
-    the alarms in effect anywhere in it."""
+    the alarms in effect anywhere in it; Hare adds the servers: which nodes are the workers
+    of one hare-server (a single-process node is its own)."""
     ov = client.get("/api/overview")
     nodes = client.get("/api/nodes")
     status, raw = client.request("GET", "/api/health/checks/alarms")
     if status not in (200, 503):
         raise CtlError(f"{reason_of(raw) or 'error'} (HTTP {status})", EX_SOFTWARE)
     alarms = json.loads(raw).get("alarms", [])
+    servers: dict[str, list[str]] = {}
+    for n in nodes:
+        servers.setdefault(n.get("server", n["name"]), []).append(n["name"])
     data = {
         "cluster_name": ov.get("cluster_name", ov["node"]),
         "disk_nodes": [n["name"] for n in nodes],
         "running_nodes": [n["name"] for n in nodes if n.get("running")],
         "alarms": [{"node": a["node"], "resource": a["resource"]} for a in alarms],
+        "servers": servers,
     }
     lines = [f"Cluster status of node {ov['node']} ...", "Basics", "",
              f"Cluster name: {data['cluster_name']}", "", "Disk Nodes", "",
@@ -95,6 +100,8 @@ def _cluster_status(client: Client, args: argparse.Namespace) -> tuple[Any, str]
              "Alarms", ""]
     lines += [f"{_ALARM_TEXT.get(a['resource'], a['resource'])} on node {a['node']}"
               for a in alarms] or ["(none)"]
+    lines += ["", "Servers", "", *(f"{server}: {', '.join(names)}"
+                                   for server, names in sorted(servers.items()))]
     return data, "\n".join(lines)
 
 
@@ -323,7 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
         return sp
 
     verb("status", _status, "node, memory, alarms, listeners and object counts")
-    verb("cluster_status", _cluster_status, "the cluster's nodes, which run, and its alarms")
+    verb("cluster_status", _cluster_status,
+         "the cluster's nodes, which run, its alarms and servers")
     add_list_verbs(verb)
     sp = verb("add_user", _add_user, "add a user")
     sp.add_argument("name")

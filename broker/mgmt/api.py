@@ -192,6 +192,7 @@ def node_json(node: Node) -> dict[str, Any]:
     monitor = getattr(node, "memory_monitor", None)
     out: dict[str, Any] = {
         "name": node.name,
+        "server": node.server,  # Hare's: the hare-server (workers of one share it)
         "type": "disc",
         "running": True,
         "os_pid": str(os.getpid()),
@@ -219,7 +220,9 @@ def member_json(node: Node, member: Member) -> dict[str, Any]:
     they keep in etcd (RabbitMQ shows only name, type and running for a stopped node)."""
     if member.name == node.name:
         return node_json(node)
-    out: dict[str, Any] = {"name": member.name, "type": "disc", "running": member.running}
+    out: dict[str, Any] = {"name": member.name,
+                           "server": member.card.get("server", member.name),
+                           "type": "disc", "running": member.running}
     if member.running:
         card = member.card
         alarms = card.get("alarms", [])

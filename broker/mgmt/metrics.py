@@ -165,8 +165,9 @@ def render(node: Node, stats: Stats, peers: list[dict[str, Any]] | None = None,
 async def _metrics(request: web.Request) -> web.Response:
     node = request.app[NODE]
     # a worker (its sockets inherited from the parent) answers for the whole hare-server, as
-    # its one port is scraped; a cluster's node answers for itself, as RabbitMQ's do
-    peers = await peer_totals(node) if node.inherited else []
+    # its one port is scraped; a cluster's node answers for itself, as RabbitMQ's do (and a
+    # multi-worker server in an etcd cluster for its own workers, not the other servers)
+    peers = await peer_totals(node, same_server=True) if node.inherited else []
     homes = {(q["vhost"], q["name"]): q for q in await peer_items(node, "queues")
              } if peers else {}
     body = render(node, request.app[STATS], peers, homes)

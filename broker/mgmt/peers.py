@@ -81,9 +81,11 @@ async def queues_from_homes(node: Node, local: list[dict[str, Any]]) -> list[dic
             for q in local]
 
 
-async def peer_totals(node: Node) -> list[dict[str, Any]]:
-    """Each peer's connection and channel counts and its node totals (Stats.totals)."""
-    return [a for a in await node.cluster.ask_peers(OP, {"kind": "totals"}) if "totals" in a]
+async def peer_totals(node: Node, *, same_server: bool = False) -> list[dict[str, Any]]:
+    """Each peer's connection and channel counts and its node totals (Stats.totals);
+    `same_server`: only the other workers of this node's hare-server."""
+    answers = await node.cluster.ask_peers(OP, {"kind": "totals"}, same_server=same_server)
+    return [a for a in answers if "totals" in a]
 
 
 # (vhost, queue): one queue's consumers (a queue page); None: all of them

@@ -49,6 +49,9 @@ class Node:
         # a worker's listening sockets, bound by its parent (broker/node/supervisor.py)
         self.inherited = inherited or {}
         self.name = settings.node_name or f"hare@{socket.gethostname()}"
+        # the hare-server this node is part of: its own, or a multi-worker server's (whose
+        # workers share one machine and disk: docs/CLUSTER.md, "Servers")
+        self.server = settings.cluster_server or self.name
         self.users = UserDB()
         self.auth = AccessControl(
             self.users,

@@ -8,7 +8,11 @@ environment, each a node of a private cluster (docs/CLUSTER.md) with its own dat
 (`<data_dir>/w<i>`), accepting on the parent's sockets (inherited file descriptors). It
 prints the "listening on port N" lines once every worker serves, restarts a worker that dies
 (its queues recover from its data directory), and on SIGTERM stops the workers and exits 0.
-A worker whose parent dies is sent SIGTERM by the kernel (PR_SET_PDEATHSIG)."""
+A worker whose parent dies is sent SIGTERM by the kernel (PR_SET_PDEATHSIG).
+
+With `cluster_etcd` the server is one member of that etcd cluster instead: the parent runs
+no metadata service, and each worker is a node of the etcd cluster in its own right (its
+card names the server, docs/CLUSTER.md "Servers")."""
 
 from __future__ import annotations
 
@@ -56,9 +60,11 @@ class WorkerRole:
     count: int
     parent: int  # the parent's pid
     fds: dict[str, list[int]]  # protocol -> inherited listening sockets
+    # the parent's meta server, and the cluster secret of this run shared by the workers
+    # only; all three empty when the server is a member of an etcd cluster (cluster_etcd)
     meta_url: str
     meta_token: str
-    secret: str  # the cluster secret of this run, shared by the workers only
+    secret: str
 
     def encode(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -72,30 +78,44 @@ def worker_role(env: Mapping[str, str]) -> WorkerRole | None:
     return WorkerRole(**fields)
 
 
+def server_name(settings: Settings) -> str:
+    """The hare-server's name: its node name (the one a single process would have)."""
+    return settings.node_name or f"hare@{socket.gethostname()}"
+
+
 def worker_name(settings: Settings, index: int) -> str:
-    return f"{settings.node_name or 'hare@' + socket.gethostname()}-w{index}"
+    return f"{server_name(settings)}-w{index}"
 
 
 def worker_settings(settings: Settings, role: WorkerRole) -> Settings:
-    """The parent's settings made a worker's: its own data directory and node name, a member
-    of the parent's private cluster over a loopback link, a 1/N share of the memory
-    watermark (each worker watches its own RSS, so N shares make the one watermark)."""
+    """The parent's settings made a worker's: its own data directory and node name, the
+    server's name on its card, a 1/N share of the memory watermark (each worker watches its
+    own RSS, so N shares make the one watermark); a member of the parent's private cluster
+    over a loopback link, or with `cluster_etcd` a node of that cluster on the link address
+    the server was given, worker i on `cluster_link_port` + i - 1 (0: any free port)."""
     mark = settings.vm_memory_high_watermark
     share = (MemoryWatermark(relative=None, absolute_bytes=mark.absolute_bytes // role.count)
              if mark.absolute_bytes is not None
              else MemoryWatermark(relative=(mark.relative or 0.0) / role.count))
-    return dataclasses.replace(
+    settings = dataclasses.replace(
         settings,
         workers=1,
         data_dir=settings.data_dir / f"w{role.index}",
         node_name=worker_name(settings, role.index),
+        cluster_server=settings.cluster_server or server_name(settings),
+        vm_memory_high_watermark=share,
+    )
+    if not role.meta_url:
+        port = settings.cluster_link_port
+        return dataclasses.replace(settings, cluster_link_port=port and port + role.index - 1)
+    return dataclasses.replace(
+        settings,
         cluster_etcd=role.meta_url,
         cluster_etcd_token=role.meta_token,
         cluster_secret=role.secret,
         cluster_link_host="127.0.0.1",
         cluster_link_port=0,
         cluster_link_advertise="127.0.0.1",
-        vm_memory_high_watermark=share,
         # the workers share one machine and one disk: a copy on another worker survives
         # nothing the first would not, so a quorum queue is one member, as on one node
         # (x-quorum-initial-group-size still asks for more)
@@ -148,7 +168,8 @@ class Supervisor:
         try:
             self.listeners = bind_listeners(self.settings)
             listen_all(self.listeners)
-            self.meta = await start_meta(self.settings.data_dir)
+            if not self.settings.cluster_etcd:  # else the workers are nodes of that cluster
+                self.meta = await start_meta(self.settings.data_dir)
             # the first worker alone seeds the empty metadata with its definitions
             await self._start(self.workers[0])
             await asyncio.gather(*(self._start(w) for w in self.workers[1:]))
@@ -171,8 +192,9 @@ class Supervisor:
         return 0
 
     def _role(self, worker: _Worker) -> WorkerRole:
-        assert self.meta is not None
         fds = {x.protocol: [s.fileno() for s in x.sockets] for x in self.listeners}
+        if self.meta is None:  # nodes of the etcd cluster, with the server's own secret
+            return WorkerRole(worker.index, self.count, os.getpid(), fds, "", "", "")
         return WorkerRole(worker.index, self.count, os.getpid(), fds, self.meta.url,
                           self.meta.token, self.secret)
 

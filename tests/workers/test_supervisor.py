@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -196,6 +195,11 @@ def test_management_shows_the_whole_broker(two: WorkersBroker) -> None:
         assert overview["queue_totals"]["messages"] == 14
         one = two.get("/api/queues/%2F/depth-w2")
         assert one["messages"] == 7
+        # the workers are one server's nodes, named after it
+        nodes = two.get("/api/nodes")
+        server = f"hare@{socket.gethostname()}"
+        assert {n["name"]: n["server"] for n in nodes} == {
+            f"{server}-w1": server, f"{server}-w2": server}
     for c in conns.values():
         c.close()
 
@@ -369,11 +373,3 @@ def test_metrics_are_the_whole_servers(two: WorkersBroker) -> None:
     for c in conns.values():
         c.close()
 
-
-def test_workers_with_cluster_etcd_is_refused(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "broker", "--workers", "2", "--port", "0",
-         "--data-dir", str(tmp_path / "data"), "--cluster-etcd", "http://127.0.0.1:1",
-         "--cluster-secret", "s"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2
-    assert "workers > 1 cannot be combined with cluster_etcd" in done.stderr
