@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
@@ -173,6 +174,7 @@ class Channel:
                         if waiting is not None:  # a metadata change the cluster must take
                             await waiting
                     elif kind == "cancelled":
+                        await self._after_commit()
                         self._notify_cancel(cmd[1])
                     else:  # "error": what the reader refused (a content header too large)
                         raise cmd[1]
@@ -558,6 +560,13 @@ class Channel:
         follows whatever the channel is answering now: a queue.delete on this channel gets
         its delete-ok first, as from RabbitMQ."""
         self.mailbox.put(("cancelled", consumer))
+
+    async def _after_commit(self) -> None:
+        """A queue deleted by a channel of ours is gone for the cluster when that channel
+        answers delete-ok (it waits for the commit); our basic.cancel for its consumers
+        waits for the same commit, so it comes after the delete-ok, as from RabbitMQ."""
+        with contextlib.suppress(ChannelError):  # etcd unreachable: it goes anyway
+            await self.cluster.commit()
 
     def _notify_cancel(self, consumer: Consumer) -> None:
         if self.consumers.get(consumer.tag) is not consumer:
