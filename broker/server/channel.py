@@ -472,7 +472,7 @@ class Channel:
         self.send(commands.Basic.QosOk())
         self.wake_queues()
 
-    def _basic_consume(self, m: commands.Basic.Consume) -> None:
+    async def _basic_consume(self, m: commands.Basic.Consume) -> None:
         limit = self.reader.settings.consumer_max_per_channel
         if limit and len(self.consumers) >= limit and m.consumer_tag not in self.consumers:
             # RabbitMQ's consumer_max_per_channel (3.12+): checked first, a hard error
@@ -489,11 +489,6 @@ class Channel:
         tag = m.consumer_tag or _server_tag()
         if tag in self.consumers:
             raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
-        if q.has_exclusive_consumer() or (m.exclusive and q.consumers):
-            raise ChannelError(
-                ACCESS_REFUSED,
-                f"queue '{q.name}' in vhost '{self.vhost.name}' in exclusive use",
-            )
         # the queue type's own rules (a stream's: prefetch, manual acks, x-stream-offset)
         q.check_consume(no_ack=m.no_ack, prefetch=self.prefetch_count,
                         global_prefetch=self.global_prefetch, arguments=m.arguments)
@@ -508,6 +503,9 @@ class Channel:
             arguments=m.arguments,
             priority=priority,
         )
+        # exclusive use is the queue's home's to judge: a queue on another node answers over
+        # the link (the channel waits, in order), a local one at once
+        await q.admit_consumer(consumer)
         self.consumers[tag] = consumer
         if not m.nowait:
             self.send(commands.Basic.ConsumeOk(consumer_tag=tag))
