@@ -11,9 +11,12 @@ channel's own CreditFlow. So a busy remote queue stops granting, the channel blo
 granting its reader, and the publisher's socket pauses - the chain of docs/FLOW.md with a
 link in the middle.
 
-Consumer side: a consumer here of a queue homed on the peer is SUBscribed there; the peer's
-queue delivers to a stand-in consumer on the peer's `LinkChannel`, whose deliveries come as
-DELIVER frames and go out through the real channel here; acks, rejects and requeues go back.
+Consumer side: a consumer here of a queue homed on the peer is subscribed there (a call:
+the home queue judges exclusive use before our consume-ok); the peer's queue delivers to a
+stand-in consumer on the peer's `LinkChannel`, whose deliveries come as DELIVER frames and
+go out through the real channel here; acks, rejects and requeues go back, and so does credit
+as our client's writer takes the deliveries (CBUMP), so a client that does not read stops
+its queue on the peer instead of filling this node's buffers.
 
 Who dials: the node whose name sorts first; the other accepts. Both see one Link."""
 
@@ -43,7 +46,15 @@ from broker.cluster.link_codec import (
     encode_control,
     encode_publish,
 )
-from broker.cluster.link_peers import LinkChannel, LinkSender
+from broker.cluster.link_peers import (
+    CONSUMER_CREDIT,
+    CONSUMER_MORE_CREDIT_AFTER,
+    ConsumerCredit,
+    LinkChannel,
+    LinkSender,
+    delivery_size,
+)
+from broker.flow.credit_flow import CreditFlow
 from broker.message import Message
 from broker.queue.amqqueue import AMQQueue
 from broker.queue.stream_queue import StreamQueue
@@ -98,9 +109,12 @@ class Link:
         self._senders: dict[int, PublishingChannel] = {}
         self._ids = count(1)
         self._inflight: dict[tuple[int, RemoteQueue], dict[int, None]] = {}
-        # consumer side: our consumers of the peer's queues, by consumer id
+        # consumer side: our consumers of the peer's queues, by consumer id, and their
+        # credit (granted as their channels' writers take deliveries)
         self._consumers: dict[int, Consumer] = {}
         self._consumer_ids: dict[Consumer, int] = {}
+        self._credit: dict[int, ConsumerCredit] = {}
+        self.delivery_credit = CreditFlow(self, CONSUMER_CREDIT, CONSUMER_MORE_CREDIT_AFTER)
         # home side: the peer's channels and consumers as our queues see them
         self._proxies: dict[int, LinkSender] = {}
         self.channel = LinkChannel(self)
@@ -214,21 +228,58 @@ class Link:
             channel.credit_flow.handle_bump(rq, m["n"])
 
     # -- consumer side ----------------------------------------------------------------------
-    def subscribe(self, rq: RemoteQueue, consumer: Consumer) -> None:
+    async def subscribe(self, rq: RemoteQueue, consumer: Consumer) -> dict[str, Any]:
+        """basic.consume of a queue on the peer: its home's answer (refused, missing, or
+        subscribed, with nothing delivered until open_window). LinkError: the link went."""
         cid = next(self._ids)
         self._consumers[cid] = consumer
         self._consumer_ids[consumer] = cid
-        self.control({"op": "sub", "cid": cid, "v": rq.vhost.name, "q": rq.name,
-                      "tag": consumer.tag, "no_ack": consumer.no_ack,
-                      "exclusive": consumer.exclusive, "prefetch": consumer.prefetch,
-                      "priority": consumer.priority,
-                      # basic.consume's own arguments (a stream's x-stream-offset)
-                      "args": encode_table(consumer.arguments)})
+        self._credit[cid] = ConsumerCredit(self, cid)
+        try:
+            reply = await self.call({
+                "op": "sub", "cid": cid, "v": rq.vhost.name, "q": rq.name,
+                "tag": consumer.tag, "no_ack": consumer.no_ack,
+                "exclusive": consumer.exclusive, "prefetch": consumer.prefetch,
+                "priority": consumer.priority,
+                # basic.consume's own arguments (a stream's x-stream-offset)
+                "args": encode_table(consumer.arguments)})
+        except LinkError:
+            self.unsubscribe(consumer)  # no answer in time: the home may have it
+            raise
+        if reply.get("missing") or reply.get("refused"):
+            self._forget(consumer)
+        return reply
 
-    def unsubscribe(self, consumer: Consumer) -> None:
+    def open_window(self, consumer: Consumer) -> bool:
+        """Consume-ok is out: the home may deliver (its credit window opens). False when the
+        subscription is gone meanwhile (cancelled by the home, or the link closed)."""
+        credit = self._credit.get(self._consumer_ids.get(consumer, 0))
+        if credit is None:
+            return False
+        credit.credit_flow.deliver_bump(self, CONSUMER_CREDIT)
+        return True
+
+    def writer_drained(self, consumer: Consumer) -> None:
+        """The consumer's channel can write again: the credit held for what reached its
+        writer while it was backed up goes home."""
+        credit = self._credit.get(self._consumer_ids.get(consumer, 0))
+        writer = consumer.channel.writer
+        if credit is not None and credit.held and not (writer.paused or writer.full):
+            held, credit.held = credit.held, 0
+            self.delivery_credit.ack_many(credit, held)
+
+    def _forget(self, consumer: Consumer) -> int | None:
         cid = self._consumer_ids.pop(consumer, None)
         if cid is not None:
             del self._consumers[cid]
+            credit = self._credit.pop(cid, None)
+            if credit is not None:
+                self.delivery_credit.peer_down(credit)
+        return cid
+
+    def unsubscribe(self, consumer: Consumer) -> None:
+        cid = self._forget(consumer)
+        if cid is not None:
             self.control({"op": "unsub", "cid": cid})
 
     def settle(self, rq: RemoteQueue, op: str, seqs: list[int], requeue: bool = False) -> None:
@@ -242,9 +293,17 @@ class Link:
             self.control({"op": "unsub_requeue", "cid": cid, "seqs": [i[0] for i in items]})
             return
         channel, rq = consumer.channel, consumer.queue
+        size = 0
         for seq, redelivered, exchange, routing_key, props, body in items:
             channel.deliver(consumer, rq, (seq, Message(exchange, routing_key, props, body),
                                            redelivered, 0.0))
+            size += delivery_size(body)
+        credit = self._credit[cid]
+        writer = channel.writer
+        if writer.paused or writer.full:  # granted once it drains (writer_drained)
+            credit.held += size
+        else:
+            self.delivery_credit.ack_many(credit, size)
 
     # -- home side: what the peer asks of our queues ----------------------------------------
     def _local_queue(self, vhost: str, name: str) -> AMQQueue | StreamQueue | None:
@@ -293,6 +352,8 @@ class Link:
         q = self._local_queue(m["v"], m["q"])
         if q is None:
             return {"missing": True}
+        if op == "sub":  # the peer's basic.consume
+            return self.channel.subscribe(q, m)
         if op == "get":
             got = await q.get(m["ack"])
             if got is None:
@@ -320,16 +381,16 @@ class Link:
             self._on_bump(m)
         elif op in ("ack", "reject"):
             self.channel.settle(m["seqs"], op, m["requeue"])
-        elif op == "sub":
-            self.channel.subscribe(m)
+        elif op == "cbump":  # the peer's client took deliveries of one of its consumers
+            self.channel.bump(m["cid"], m["n"])
         elif op == "unsub":
             self.channel.unsubscribe(m["cid"])
         elif op == "unsub_requeue":
             self.channel.requeue_for(m["cid"], m["seqs"])
         elif op == "cancel":  # our consumer's queue went away on the peer
-            consumer = self._consumers.pop(m["cid"], None)
+            consumer = self._consumers.get(m["cid"])
             if consumer is not None:
-                self._consumer_ids.pop(consumer, None)
+                self._forget(consumer)
                 self.cluster.consumer_gone(consumer)
         elif op == "sender_down":
             self._on_sender_down(m)
@@ -410,6 +471,7 @@ class Link:
             self.cluster.consumer_gone(consumer)
         self._consumers.clear()
         self._consumer_ids.clear()
+        self._credit.clear()
         # home side: the peer's channels and consumers are gone
         for proxy in self._proxies.values():
             proxy.down()

@@ -1,7 +1,8 @@
 """What a home node's queues see of the peer's channels across a link: a `LinkSender` per
 publishing channel (confirms and credit go back to it), and one `LinkChannel` per link for
-the peer's consumers (deliveries go to it, within each consumer's prefetch, while the link's
-socket keeps up)."""
+the peer's consumers, each seen by its queue through a `LinkConsumer` (deliveries go to it
+within the consumer's prefetch and its credit, while the link's socket keeps up); on the
+consumers' node a `ConsumerCredit` per consumer grants that credit back."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from broker.cluster.link_codec import DeliverItem, encode_deliver
 from broker.flow.credit_flow import CreditFlow
 from broker.protocol.channel_state import ChannelState
 from broker.protocol.errors import AMQPError
-from broker.queue.consumer import Consumer
+from broker.queue.consumer import Consumer, check_exclusive_use
+from broker.server.writer import FULL_BYTES
 from broker.store.definitions import decode_table
 
 if TYPE_CHECKING:
@@ -20,7 +22,27 @@ if TYPE_CHECKING:
     from broker.queue.contract import QueueType
     from broker.queue.variable_queue import Entry
 
-__all__ = ["LinkBackPressure", "LinkChannel", "LinkSender"]
+__all__ = [
+    "CONSUMER_CREDIT",
+    "CONSUMER_MORE_CREDIT_AFTER",
+    "ConsumerCredit",
+    "LinkBackPressure",
+    "LinkChannel",
+    "LinkConsumer",
+    "LinkSender",
+    "delivery_size",
+]
+
+# Credit for deliveries to one of the peer's consumers, in bytes (a body and 64 for its
+# frames, as the writer counts them): what may be on its way beyond what the peer's client
+# writer has taken. A local consumer's writer takes FULL_BYTES a loop turn before it is full.
+CONSUMER_CREDIT = FULL_BYTES
+CONSUMER_MORE_CREDIT_AFTER = FULL_BYTES // 4
+
+
+def delivery_size(body: bytes) -> int:
+    """What one delivery costs in consumer credit, counted alike on both nodes."""
+    return len(body) + 64
 
 
 class LinkSender:
@@ -63,30 +85,83 @@ class _LinkReader:
 
 
 class LinkBackPressure:
-    """The link's socket as a consumer's writer (broker/queue/contract.py ConsumerWriter):
-    full while its buffer is past the high-water mark; never paused on its own."""
+    """The link's socket, for its LinkConsumers: full while its buffer is past the high-water
+    mark."""
 
     def __init__(self) -> None:
-        self.paused = False
         self.full = False
 
 
-class LinkChannel:
-    """The peer's consumers of our queues, as one channel (broker/queue/contract.py
-    ConsumerChannel): `Consumer.can_take` asks its writer about back-pressure (the link's
-    socket), and the queue calls `deliver`."""
+class ConsumerCredit:
+    """On the consumers' node: the credit of one consumer of a queue homed on the peer, as
+    the sender side of credit flow (broker/flow/credit_flow.py) for the home's LinkConsumer.
+    The link's `delivery_credit` acks what the consumer's channel wrote, and the grants go
+    home as CBUMP controls; what reached a writer that was backed up is `held` until it
+    drains (the channel wakes its queues then), so the home stops when the client stops
+    reading, as a local consumer's writer stops its queue."""
+
+    def __init__(self, link: Link, cid: int) -> None:
+        self.link = link
+        self.cid = cid
+        self.held = 0
+        self.credit_flow = CreditFlow(self, CONSUMER_CREDIT, CONSUMER_MORE_CREDIT_AFTER,
+                                      deliver_bump=self._bump)
+
+    def _bump(self, _granter: Any, amount: int) -> None:
+        self.link.control({"op": "cbump", "cid": self.cid, "n": amount})
+
+
+class LinkConsumer:
+    """One of the peer's consumers as its home queue sees the consumer's channel (broker/
+    queue/contract.py ConsumerChannel, and its own ConsumerWriter): deliveries go out on the
+    link's LinkChannel, and it is full while the link's socket is, or while the consumer's
+    credit is spent. The window is shut until the peer opens it (its first grant, after
+    consume-ok), so nothing reaches the peer before its client has consume-ok."""
 
     number = 0  # what the management API shows as its channel
+    global_prefetch = 0
+    consumer_unacked = 0  # stays 0: the peer's channel holds its global prefetch
+    paused = False
+    flow_active = True
+
+    def __init__(self, channel: LinkChannel) -> None:
+        self.channel = channel
+        self.state = ChannelState.OPEN
+        self.writer = self
+        self.reader: _LinkReader = channel.reader
+        self.user: str = channel.user
+        self.queue: QueueType | None = None
+        # credit from the peer's consumer, which this stands for: kept against itself
+        self.credit_flow = CreditFlow(self, CONSUMER_CREDIT, CONSUMER_MORE_CREDIT_AFTER)
+        self.credit_flow.send_many(self, CONSUMER_CREDIT)  # shut: the peer opens it
+        self.credit_flow.on_unblocked = self._unblocked
+
+    @property
+    def full(self) -> bool:
+        return self.channel.writer.full or self.credit_flow.blocked()
+
+    def _unblocked(self) -> None:
+        if self.queue is not None:
+            self.queue.wake()
+
+    def deliver(self, consumer: Consumer, queue: QueueType, entry: Entry) -> None:
+        self.credit_flow.send_many(self, delivery_size(entry[1].body))
+        self.channel.deliver(consumer, queue, entry)
+
+    def consumer_cancelled_by_queue(self, consumer: Consumer) -> None:
+        self.channel.consumer_cancelled_by_queue(consumer)
+
+
+class LinkChannel:
+    """The peer's consumers of our queues: each is seen by its queue through a LinkConsumer,
+    which delivers here; deliveries are numbered and settled here, and written to the link
+    in one DELIVER frame per consumer and loop turn."""
 
     def __init__(self, link: Link) -> None:
         self.link = link
-        self.state = ChannelState.OPEN
-        self.flow_active = True
-        self.global_prefetch = 0
-        self.consumer_unacked = 0  # stays 0: the peer's channel holds its global prefetch
         self.writer = LinkBackPressure()
-        self.reader = _LinkReader(link.peer)
-        self.user = "(cluster)"
+        self.reader: _LinkReader = _LinkReader(link.peer)
+        self.user: str = "(cluster)"
         self.consumers: dict[int, Consumer] = {}
         self._cids: dict[Consumer, int] = {}
         # deliveries the peer has not settled, by a number of the link's own (a queue's seq
@@ -95,17 +170,31 @@ class LinkChannel:
         self._next_id = 1
         self._out: dict[int, list[DeliverItem]] = {}
 
-    def subscribe(self, m: dict[str, Any]) -> None:
-        q = self.link._local_queue(m["v"], m["q"])
-        if q is None or q.deleted:
-            self.link.control({"op": "cancel", "cid": m["cid"]})
-            return
-        c = Consumer(m["tag"], self, q, no_ack=m["no_ack"],
+    def subscribe(self, q: QueueType, m: dict[str, Any]) -> dict[str, Any]:
+        """The peer's basic.consume, judged here against every consumer of q (exclusive use):
+        the answer the peer waits for before its consume-ok."""
+        if q.deleted:
+            return {"missing": True}
+        try:
+            check_exclusive_use(q, m["exclusive"])
+        except AMQPError as exc:
+            return {"refused": [exc.code, exc.text]}
+        view = LinkConsumer(self)
+        c = Consumer(m["tag"], view, q, no_ack=m["no_ack"],
                      exclusive=m["exclusive"], prefetch=m["prefetch"], priority=m["priority"],
                      arguments=decode_table(m["args"]) if m.get("args") else None)
+        view.queue = q
         self.consumers[m["cid"]] = c
         self._cids[c] = m["cid"]
         q.add_consumer(c)
+        return {}
+
+    def bump(self, cid: int, amount: int) -> None:
+        """The peer's client took deliveries: credit for more."""
+        c = self.consumers.get(cid)
+        if c is not None:
+            assert isinstance(c.channel, LinkConsumer)
+            c.channel.credit_flow.handle_bump(c.channel, amount)
 
     def unsubscribe(self, cid: int) -> None:
         c = self.consumers.pop(cid, None)

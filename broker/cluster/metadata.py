@@ -149,7 +149,9 @@ class ClusterMetadata:
         """Write what is pending, in order, until nothing is; etcd unreachable: retry (the
         local change is made; the cluster gets it when etcd is back)."""
         attempt = 0
-        while self._pending:
+        # a commit() that came while a batch was on its way, with nothing of its own pending,
+        # is answered after that batch (a round with no operations)
+        while self._pending or self._waiters:
             ops, waiters = self._pending, self._waiters
             self._pending, self._waiters = [], []
             try:

@@ -5,6 +5,7 @@ messages and consumers go over the inter-node link to the home node (broker/clus
 from __future__ import annotations
 
 import base64
+import contextlib
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -16,6 +17,7 @@ from broker.message import Message
 from broker.protocol.constants import NOT_FOUND
 from broker.protocol.errors import ChannelError
 from broker.queue.arguments import QueueArgs
+from broker.queue.consumer import check_exclusive_use
 from broker.queue.policy_args import AppliedPolicies, effective_arguments
 from broker.queue.stream_queue import check_stream_consume, not_supported
 from broker.store.definitions import decode_table
@@ -134,17 +136,32 @@ class RemoteQueue:
             check_stream_consume(self.name, self.vhost.name, no_ack=no_ack, prefetch=prefetch,
                                  global_prefetch=global_prefetch, arguments=arguments)
 
+    async def admit_consumer(self, consumer: Consumer) -> None:
+        """Subscribed on the home node, which judges exclusive use against every consumer
+        of the queue, on any node (this node's own are refused here at once)."""
+        check_exclusive_use(self, consumer.exclusive)
+        try:
+            reply = await self._link().subscribe(self, consumer)
+        except LinkError:
+            raise self._home_down() from None
+        if reply.get("refused"):
+            code, text = reply["refused"]
+            raise ChannelError(code, text)
+        if reply.get("missing"):
+            raise self._missing()
+
     def add_consumer(self, consumer: Consumer) -> None:
-        self._link().subscribe(self, consumer)
-        self.consumers.append(consumer)
+        """Consume-ok is out: deliveries may come (unless the subscription went meanwhile;
+        then its basic.cancel is on its way to the channel)."""
+        link = self.cluster.links.get(self.home)
+        if link is not None and link.open_window(consumer):
+            self.consumers.append(consumer)
 
     def remove_consumer(self, consumer: Consumer) -> None:
-        try:
+        with contextlib.suppress(ValueError):
             self.consumers.remove(consumer)
-        except ValueError:
-            return
         link = self.cluster.links.get(self.home)
-        if link is not None:
+        if link is not None:  # also one admitted that add_consumer did not take
             link.unsubscribe(consumer)
 
     def consumer_activity(self, consumer: Consumer) -> tuple[bool, str]:
@@ -209,11 +226,14 @@ class RemoteQueue:
         except LinkError:
             raise self._home_down() from None
         if reply.get("missing"):
-            raise ChannelError(NOT_FOUND, f"no queue '{self.name}' in vhost '{self.vhost.name}'")
+            raise self._missing()
         return reply
 
     def publish_now(self, channel: PublishingChannel, items: list[tuple[Message, int]]) -> None:
         self.post_publishes(channel, items)
+
+    def _missing(self) -> ChannelError:
+        return ChannelError(NOT_FOUND, f"no queue '{self.name}' in vhost '{self.vhost.name}'")
 
     def drain(self) -> None:
         pass
@@ -250,7 +270,12 @@ class RemoteQueue:
         pass
 
     def wake(self) -> None:
-        pass
+        """A consumer's channel can write again (or its prefetch changed): the credit held
+        while its writer was backed up goes home, and the home queue delivers again."""
+        link = self.cluster.links.get(self.home)
+        if link is not None:
+            for consumer in self.consumers:
+                link.writer_drained(consumer)
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "vhost": self.vhost.name, "durable": self.durable,

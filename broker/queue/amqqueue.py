@@ -26,7 +26,7 @@ from broker.message import Message
 from broker.protocol.properties import short_string
 from broker.queue import dead_letter as dlx
 from broker.queue.arguments import QueueArgs
-from broker.queue.consumer import Consumer
+from broker.queue.consumer import Consumer, check_exclusive_use
 from broker.queue.durability import QueueDurability
 from broker.queue.policy_args import AppliedPolicies, effective_arguments
 from broker.queue.priority_queue import PriorityQueue
@@ -669,6 +669,9 @@ class AMQQueue:
     def check_consume(self, *, no_ack: bool, prefetch: int, global_prefetch: int,
                       arguments: dict[str, Any] | None) -> None:
         """A classic queue takes every consumer the channel's own checks let through."""
+
+    async def admit_consumer(self, consumer: Consumer) -> None:
+        check_exclusive_use(self, consumer.exclusive)
 
     def add_consumer(self, consumer: Consumer) -> None:
         self.drain()

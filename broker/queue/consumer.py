@@ -7,12 +7,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from broker.protocol.channel_state import ChannelState
+from broker.protocol.constants import ACCESS_REFUSED
+from broker.protocol.errors import ChannelError
 from broker.protocol.frames import shortstr
 
 if TYPE_CHECKING:
     from broker.queue.contract import ConsumerChannel, QueueType
 
-__all__ = ["PROMPT_TICKS", "Consumer"]
+__all__ = ["PROMPT_TICKS", "Consumer", "check_exclusive_use"]
 
 _OPEN = ChannelState.OPEN
 PROMPT_TICKS = 2
@@ -102,3 +104,14 @@ class Consumer:
 
     def __repr__(self) -> str:
         return f"<Consumer {self.tag!r} on {self.queue.name!r}>"
+
+
+def check_exclusive_use(queue: QueueType, exclusive: bool) -> None:
+    """RabbitMQ's rule for basic.consume, judged where every consumer of `queue` is known (its
+    home): refused (403) while a consumer holds it exclusively, and an exclusive consume is
+    refused while it has any consumer."""
+    if queue.has_exclusive_consumer() or (exclusive and queue.consumers):
+        raise ChannelError(
+            ACCESS_REFUSED,
+            f"queue '{queue.name}' in vhost '{queue.vhost.name}' in exclusive use",
+        )

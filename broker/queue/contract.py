@@ -49,8 +49,16 @@ class PublishingChannel(Protocol):
 class ConsumerWriter(Protocol):
     """The back-pressure a queue reads off a consumer's channel before each delivery."""
 
-    paused: bool  # the socket stopped taking bytes
-    full: bool  # past the buffer limit: deliver no more until it drains
+    @property
+    def paused(self) -> bool:
+        """The socket stopped taking bytes."""
+        ...
+
+    @property
+    def full(self) -> bool:
+        """Past the buffer limit (or a remote consumer's credit): deliver no more until it
+        drains."""
+        ...
 
 
 @runtime_checkable
@@ -141,7 +149,7 @@ class QueueType(Protocol):
         ...
 
     def add_consumer(self, consumer: Consumer) -> None:
-        """basic.consume: deliveries start."""
+        """basic.consume, after admit_consumer and consume-ok: deliveries start."""
         ...
 
     def remove_consumer(self, consumer: Consumer) -> None:
@@ -167,6 +175,13 @@ class QueueType(Protocol):
 
     async def counts(self) -> tuple[int, int]:
         """(messages, consumers) as the queue's home has them (queue.declare-ok)."""
+        ...
+
+    async def admit_consumer(self, consumer: Consumer) -> None:
+        """basic.consume, before consume-ok: the queue's home judges exclusive use (403,
+        check_exclusive_use) against every consumer it has, whatever their node; a queue
+        homed elsewhere subscribes the consumer there meanwhile, nothing delivered to it
+        before add_consumer."""
         ...
 
     # -- lifecycle --------------------------------------------------------------------------

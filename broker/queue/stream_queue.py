@@ -28,6 +28,7 @@ from broker.protocol.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
 from broker.protocol.errors import ChannelError, ConnectionError_
 from broker.protocol.properties import append_header
 from broker.queue.arguments import QueueArgs, amqp_type
+from broker.queue.consumer import check_exclusive_use
 from broker.queue.policy_args import AppliedPolicies, effective_arguments
 from broker.store.stream_log import DEFAULT_SEGMENT_BYTES
 from broker.store.stream_reader import StreamReader, start_offset
@@ -281,6 +282,9 @@ class StreamQueue:
                       arguments: dict[str, Any] | None) -> None:
         check_stream_consume(self.name, self.vhost.name, no_ack=no_ack, prefetch=prefetch,
                              global_prefetch=global_prefetch, arguments=arguments)
+
+    async def admit_consumer(self, consumer: Consumer) -> None:
+        check_exclusive_use(self, consumer.exclusive)
 
     def add_consumer(self, consumer: Consumer) -> None:
         assert self.log is not None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
@@ -173,6 +174,7 @@ class Channel:
                         if waiting is not None:  # a metadata change the cluster must take
                             await waiting
                     elif kind == "cancelled":
+                        await self._after_commit()
                         self._notify_cancel(cmd[1])
                     else:  # "error": what the reader refused (a content header too large)
                         raise cmd[1]
@@ -468,7 +470,7 @@ class Channel:
         self.send(commands.Basic.QosOk())
         self.wake_queues()
 
-    def _basic_consume(self, m: commands.Basic.Consume) -> None:
+    async def _basic_consume(self, m: commands.Basic.Consume) -> None:
         limit = self.reader.settings.consumer_max_per_channel
         if limit and len(self.consumers) >= limit and m.consumer_tag not in self.consumers:
             # RabbitMQ's consumer_max_per_channel (3.12+): checked first, a hard error
@@ -485,11 +487,6 @@ class Channel:
         tag = m.consumer_tag or _server_tag()
         if tag in self.consumers:
             raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
-        if q.has_exclusive_consumer() or (m.exclusive and q.consumers):
-            raise ChannelError(
-                ACCESS_REFUSED,
-                f"queue '{q.name}' in vhost '{self.vhost.name}' in exclusive use",
-            )
         # the queue type's own rules (a stream's: prefetch, manual acks, x-stream-offset)
         q.check_consume(no_ack=m.no_ack, prefetch=self.prefetch_count,
                         global_prefetch=self.global_prefetch, arguments=m.arguments)
@@ -504,6 +501,9 @@ class Channel:
             arguments=m.arguments,
             priority=priority,
         )
+        # exclusive use is the queue's home's to judge: a queue on another node answers over
+        # the link (the channel waits, in order), a local one at once
+        await q.admit_consumer(consumer)
         self.consumers[tag] = consumer
         if not m.nowait:
             self.send(commands.Basic.ConsumeOk(consumer_tag=tag))
@@ -556,6 +556,13 @@ class Channel:
         follows whatever the channel is answering now: a queue.delete on this channel gets
         its delete-ok first, as from RabbitMQ."""
         self.mailbox.put(("cancelled", consumer))
+
+    async def _after_commit(self) -> None:
+        """A queue deleted by a channel of ours is gone for the cluster when that channel
+        answers delete-ok (it waits for the commit); our basic.cancel for its consumers
+        waits for the same commit, so it comes after the delete-ok, as from RabbitMQ."""
+        with contextlib.suppress(ChannelError):  # etcd unreachable: it goes anyway
+            await self.cluster.commit()
 
     def _notify_cancel(self, consumer: Consumer) -> None:
         if self.consumers.get(consumer.tag) is not consumer:

@@ -2,7 +2,9 @@
 publish on A to a queue homed on B, consumed on C, arrives in order with confirms; acks,
 rejects and basic.get go home; a busy home node pauses the far publisher's socket (credit
 flow across the link) and the far node's memory stays bounded; x-queue-master-locator
-min-masters homes a queue on the node with the fewest; a wrong cluster secret gets no link."""
+min-masters homes a queue on the node with the fewest; a wrong cluster secret gets no link;
+the home node judges exclusive consumers of every node; a far consumer whose client does not
+read is credit-flowed."""
 
 from __future__ import annotations
 
@@ -13,8 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import aio_pika
+import aiormq
 import pytest
+from pamqp import commands
 from pamqp.commands import Basic
+
+from tests.amqp_raw import RawClient
+from tests.server.test_unread_socket import COUNT, fill_queue, read_all, rss
 
 from .helpers import ClusterNode, EtcdProc, wait_for
 
@@ -263,3 +270,85 @@ async def test_wrong_secret_gets_no_link(tmp_path: Path, etcd: EtcdProc,
         assert "did not prove the cluster secret" in z.log() + a.log()
     finally:
         z.stop()
+
+
+async def test_exclusive_consumer_is_judged_by_the_home_node(
+        trio: tuple[ClusterNode, ...]) -> None:
+    """RabbitMQ's 403 "in exclusive use" whatever node each consumer is on: the home queue
+    judges every basic.consume, and another node waits for its answer before consume-ok."""
+    a, b, c = trio
+    cb = await aio_pika.connect(b.url)
+    await (await cb.channel()).declare_queue("xc")
+    wait_for(lambda: all(n.api("GET", "/api/queues/%2F/xc")[0] == 200 for n in (a, c)),
+             what="xc everywhere")
+
+    async def ignore(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        pass
+
+    async def consume(conn: aio_pika.abc.AbstractConnection, exclusive: bool) -> str:
+        q = await (await conn.channel()).get_queue("xc", ensure=False)
+        return await q.consume(ignore, no_ack=True, exclusive=exclusive)
+
+    ca = await aio_pika.connect(a.url)
+    cc = await aio_pika.connect(c.url)
+    holder = await ca.channel()
+    xq = await holder.get_queue("xc", ensure=False)
+    tag = await xq.consume(ignore, no_ack=True, exclusive=True)
+    for conn in (cc, cb):  # a consumer on a third node, and on the home node itself
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused, match="in exclusive use"):
+            await consume(conn, exclusive=False)
+    await xq.cancel(tag)
+    await consume(cc, exclusive=False)  # free again; now a plain consumer holds it on c
+    for conn in (ca, cb):
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused, match="in exclusive use"):
+            await consume(conn, exclusive=True)
+    await cc.close()  # its consumer goes with its connection: the queue is free again
+    await asyncio.to_thread(wait_for, lambda: b.get("/api/queues/%2F/xc")["consumers"] == 0,
+                            10.0, "c's consumer gone")
+    await consume(ca, exclusive=True)
+    await ca.close()
+    await cb.close()
+    assert b.api("DELETE", "/api/queues/%2F/xc")[0] == 204
+
+
+async def test_remote_consumer_that_never_reads_is_credit_flowed(
+        trio: tuple[ClusterNode, ...]) -> None:
+    """A no-ack consumer without a prefetch limit on A, of a queue homed on B, whose client
+    never reads: B sends what A's writer takes and A grants back, as a local consumer's
+    writer pauses its queue, so the messages wait in B's queue and A's memory stays bounded;
+    everything arrives, in order, once the client reads."""
+    a, b, _ = trio
+    fill_queue(b.port, "unread-far")  # 500 x 100 KiB, homed on b
+    wait_for(lambda: a.api("GET", "/api/queues/%2F/unread-far")[0] == 200, what="on a")
+    before = rss(a.pid)
+    reader = RawClient(a.port)
+    reader.handshake()
+    reader.open_channel(1)
+    reader.send_method(1, commands.Basic.Consume(queue="unread-far", no_ack=True))
+    await asyncio.sleep(1.0)  # A and B deliver what they can; the client reads nothing
+    ready = b.get("/api/queues/%2F/unread-far")["messages"]
+    assert ready > COUNT // 2, ready  # most wait in the home queue, not in A's buffers
+    assert rss(a.pid) - before < 32 * 1024 * 1024
+    assert await asyncio.to_thread(read_all, reader, COUNT) == list(range(COUNT))
+    reader.close()
+    assert b.api("DELETE", "/api/queues/%2F/unread-far")[0] == 204
+
+
+def test_delete_ok_comes_before_the_cancel_of_another_channel(
+        trio: tuple[ClusterNode, ...]) -> None:
+    """A queue.delete answers once the cluster has the deletion; the basic.cancel it causes on
+    another channel of the same connection waits for the same commit, so it comes after the
+    delete-ok, as from RabbitMQ (and from a single node)."""
+    a = trio[0]
+    c = RawClient(a.port)
+    c.handshake()  # consumer_cancel_notify
+    c.open_channel(1)
+    c.open_channel(2)
+    c.send_method(1, commands.Queue.Declare(queue="dc"))
+    c.expect(commands.Queue.DeclareOk, 1)
+    c.send_method(1, commands.Basic.Consume(queue="dc", consumer_tag="held"))
+    c.expect(commands.Basic.ConsumeOk, 1)
+    c.send_method(2, commands.Queue.Delete(queue="dc"))
+    c.expect(commands.Queue.DeleteOk, 2)
+    assert c.expect(commands.Basic.Cancel, 1).consumer_tag == "held"
+    c.close()

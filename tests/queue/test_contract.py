@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from broker import compiled
-from broker.cluster.link_peers import LinkBackPressure, LinkChannel, LinkSender
+from broker.cluster.link_peers import LinkConsumer, LinkSender
 from broker.cluster.remote_queue import RemoteQueue
 from broker.queue.amqqueue import AMQQueue
 from broker.queue.contract import ConsumerChannel, ConsumerWriter, PublishingChannel, QueueType
@@ -27,8 +27,8 @@ from broker.server.writer import Writer
 IMPLEMENTATIONS: list[tuple[type, type]] = [
     (QueueType, AMQQueue), (QueueType, QuorumQueue), (QueueType, StreamQueue),
     (QueueType, RemoteQueue),
-    (ConsumerChannel, Channel), (ConsumerChannel, LinkChannel),
-    (ConsumerWriter, Writer), (ConsumerWriter, LinkBackPressure),
+    (ConsumerChannel, Channel), (ConsumerChannel, LinkConsumer),
+    (ConsumerWriter, Writer), (ConsumerWriter, LinkConsumer),
     (PublishingChannel, Channel), (PublishingChannel, LinkSender),
     (PublishingChannel, _AtLeastOnce),
 ]
@@ -97,4 +97,4 @@ def _params(fn: Any) -> list[tuple[str, Any, bool]]:
 
 def test_the_contract_names_the_rare_operations_as_coroutines() -> None:
     rare = {n for n, m in QueueType.__dict__.items() if inspect.iscoroutinefunction(m)}
-    assert rare == {"get", "purge", "counts"}
+    assert rare == {"get", "purge", "counts", "admit_consumer"}

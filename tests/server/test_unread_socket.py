@@ -15,12 +15,12 @@ COUNT = 500
 BODY = 100 * 1024  # one body frame each; 50 MiB in all, which the broker would otherwise buffer
 
 
-def _rss(pid: int) -> int:
+def rss(pid: int) -> int:
     with open(f"/proc/{pid}/statm") as f:
         return int(f.read().split()[1]) * 4096
 
 
-def _fill(port: int, queue: str) -> None:
+def fill_queue(port: int, queue: str) -> None:
     c = RawClient(port, timeout=60)
     c.handshake()
     c.open_channel(1)
@@ -42,7 +42,7 @@ def _ready(port: int, queue: str) -> int:
     return n
 
 
-def _read_all(c: RawClient, want: int) -> list[int]:
+def read_all(c: RawClient, want: int) -> list[int]:
     """Read deliveries / get-oks until `want` bodies came; their numbers, in order."""
     cutter = wire.FrameCutter(131072)
     got: list[int] = []
@@ -64,8 +64,8 @@ def _read_all(c: RawClient, want: int) -> list[int]:
 
 def test_consumer_that_never_reads_gets_no_more_than_its_socket_holds(broker_factory):
     b = broker_factory().start()
-    _fill(b.port, "unread-consume")
-    before = _rss(b.pid)
+    fill_queue(b.port, "unread-consume")
+    before = rss(b.pid)
     c = RawClient(b.port)
     c.handshake()
     c.open_channel(1)
@@ -73,15 +73,15 @@ def test_consumer_that_never_reads_gets_no_more_than_its_socket_holds(broker_fac
     time.sleep(1.0)  # the broker delivers what it can; the client reads nothing
     ready = _ready(b.port, "unread-consume")
     assert ready > COUNT // 2, ready  # most wait in the queue, not in buffers
-    assert _rss(b.pid) - before < 32 * 1024 * 1024
-    assert _read_all(c, COUNT) == list(range(COUNT))
+    assert rss(b.pid) - before < 32 * 1024 * 1024
+    assert read_all(c, COUNT) == list(range(COUNT))
     c.close()
 
 
 def test_pipelined_basic_get_waits_for_the_client_to_read(broker_factory):
     b = broker_factory().start()
-    _fill(b.port, "unread-get")
-    before = _rss(b.pid)
+    fill_queue(b.port, "unread-get")
+    before = rss(b.pid)
     c = RawClient(b.port)
     c.handshake()
     c.open_channel(1)
@@ -90,7 +90,7 @@ def test_pipelined_basic_get_waits_for_the_client_to_read(broker_factory):
     time.sleep(1.0)
     ready = _ready(b.port, "unread-get")
     assert ready > COUNT // 2, ready  # the gets wait for the client to read
-    assert _rss(b.pid) - before < 32 * 1024 * 1024
-    assert _read_all(c, COUNT) == list(range(COUNT))
+    assert rss(b.pid) - before < 32 * 1024 * 1024
+    assert read_all(c, COUNT) == list(range(COUNT))
     assert _ready(b.port, "unread-get") == 0
     c.close()

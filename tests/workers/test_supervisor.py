@@ -358,6 +358,36 @@ def test_direct_reply_to_across_workers(two: WorkersBroker) -> None:
     server.close()
 
 
+def test_exclusive_consumers_hold_across_workers(two: WorkersBroker) -> None:
+    """RabbitMQ's 403 "in exclusive use" between connections on different workers: the
+    queue's home worker judges every basic.consume, the other waits for its answer."""
+    (home_node, home), (_, other) = sorted(_one_per_worker(two).items())
+    home.channel().queue_declare("xw")
+    assert two.node_of("xw") == home_node
+
+    def consume(conn: pika.BlockingConnection, exclusive: bool) -> str:
+        return str(conn.channel().basic_consume("xw", lambda *_: None, exclusive=exclusive))
+
+    def refused(conn: pika.BlockingConnection, exclusive: bool) -> None:
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+            consume(conn, exclusive)
+        assert info.value.reply_code == 403, info.value
+        assert "in exclusive use" in info.value.reply_text
+
+    held = other.channel()  # exclusive on the other worker than the queue's
+    tag = held.basic_consume("xw", lambda *_: None, exclusive=True)
+    refused(home, exclusive=False)
+    refused(other, exclusive=False)
+    held.basic_cancel(tag)
+    plain = home.channel()  # a plain consumer on the home worker: no exclusive one elsewhere
+    tag = plain.basic_consume("xw", lambda *_: None)
+    refused(other, exclusive=True)
+    plain.basic_cancel(tag)
+    consume(other, exclusive=True)
+    home.close()
+    other.close()
+
+
 def test_metrics_are_the_whole_servers(two: WorkersBroker) -> None:
     """/metrics on the shared port: whichever worker is scraped, queues carry their home
     worker's counts and the node-wide figures are summed over the workers."""
