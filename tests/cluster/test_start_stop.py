@@ -5,9 +5,6 @@ workers are still starting, with every worker gone."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from broker.cluster.etcd import Etcd
@@ -52,24 +49,24 @@ def test_sigterm_while_recovering_leaves_the_cluster(tmp_path: Path, etcd: EtcdP
 
 
 def test_sigterm_to_a_server_whose_workers_start(tmp_path: Path, etcd: EtcdProc) -> None:
-    """The parent told to stop while its workers start: each worker is sent SIGTERM and
-    stops its start; the parent exits 0 with no worker left and none in the running nodes."""
+    """The parent told to stop while its workers start (the first one just joined): it sends
+    each SIGTERM, which stops their starts; it exits 0 with no worker left and, at its exit,
+    none in the running nodes (their leases revoked, not run out)."""
     srv = ClusterNode(tmp_path / "srv", etcd, "startsrv", "srv", ["--workers", "2"])
     srv.data_dir.mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "broker", "--port", "0", "--management-port", "0",
-         "--data-dir", str(srv.data_dir), "--log-format", "json", *srv.args],
-        stdout=subprocess.PIPE, stderr=srv.log_path.open("w"), text=True, env={
-            **os.environ, **srv.env})
+    proc = spawn(srv)
     try:
-        started = wait_for(lambda: workers(proc.pid) or None, timeout=60,
-                           what="a worker started")
-        pids = list(started.values())
-        proc.terminate()
-        out, _ = proc.communicate(timeout=90)
-        assert proc.returncode == 0, srv.log()
+        seen: list[int] = []
+
+        def joined() -> bool:
+            seen.extend(p for p in workers(proc.pid).values() if p not in seen)
+            return '"event": "joined cluster"' in srv.log_path.read_text()
+
+        wait_for(joined, timeout=60, what="a worker joined")
+        code, out = term_at(proc, srv.log_path, "joined cluster")
+        assert code == 0, srv.log()
         assert "listening" not in out
-        assert not [p for p in pids if alive(p)]
+        assert seen and not [p for p in seen if alive(p)]
         assert _running(etcd, "startsrv") == set()
     finally:
         if proc.poll() is None:
