@@ -402,15 +402,15 @@ class QuorumCoordinator:
         server = {m.name: str(m.card.get("server") or m.name) for m in known}
         server[self.me] = self.node.server
         if add not in server:
-            nodes = [m.name for m in known if m.running and server[m.name] == add
-                     and m.name not in members]
+            nodes = [m.name for m in known if m.running and server[m.name] == add]
             if not nodes:
                 raise ValueError(f"node '{add}' is not a member of the cluster")
             load: dict[str, int] = {}
             for r in self.records.values():
                 for member in r["members"]:
                     load[member] = load.get(member, 0) + 1
-            add = min(nodes, key=lambda n: (load.get(n, 0), n))
+            free = [n for n in nodes if n not in members]
+            add = min(free or nodes, key=lambda n: (load.get(n, 0), n))
         if add in members:
             return add
         held = sorted(m for m in members if server.get(m, m) == server[add])

@@ -161,6 +161,8 @@ def test_members_added_on_servers_without_one(servers: tuple[ClusterNode, Cluste
     assert refused.returncode != 0
     assert ("server 'srv' (node 'srv-w2') already holds a member of queue 'qq-add' (srv-w1)"
             in refused.stderr), refused.stderr
+    by_server = ctl(solo, "add_member", "qq-add", "srv")  # the server's name: the same
+    assert by_server.returncode != 0 and "already holds a member" in by_server.stderr
     assert solo.get("/api/queues/%2F/qq-add")["members"] == ["solo", "srv-w1"]
 
     grown = ctl(solo, "grow", "srv", "all", "--queue-pattern", "^qq-")
