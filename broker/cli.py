@@ -1,17 +1,16 @@
 """hare-server: run the broker in the foreground (the docker way).
 
 SIGTERM/SIGINT stop it in order: stop accepting, close clients with 320 CONNECTION_FORCED,
-flush the stores, exit 0. A configuration error, a port in use, a certificate that cannot be
+flush the stores, exit 0; while it is still starting, at the start's next step (the cluster
+left, the stores closed, exit 0). A configuration error, a port in use, a certificate that cannot be
 read or an unwritable data directory is one clear line on stderr and a non-zero exit, never a
 traceback."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import os
-import signal
 import sys
 import time
 
@@ -19,6 +18,7 @@ import structlog
 
 from broker.config import ConfigError, Settings, load_settings
 from broker.logs import configure_logging
+from broker.signals import Stop, note_signals, unless_stopped
 from broker.store.layout import DEFINITIONS, LOCK_FILE
 
 __all__ = ["main", "run"]
@@ -31,7 +31,7 @@ async def run(settings: Settings, ready: asyncio.Event | None = None,
     from broker.cluster import ClusterUnavailable, NodeNameTaken
     from broker.federation import Federation
     from broker.mgmt import Management
-    from broker.node import Node
+    from broker.node.node import Node, StartAborted
     from broker.server.listener import BANNERS, ListenerError
     from broker.server.tls import TlsError
     from broker.shovel import Shovels
@@ -40,25 +40,26 @@ async def run(settings: Settings, ready: asyncio.Event | None = None,
     node.add_plugin(Management())  # serves when a management listener is on
     node.add_plugin(Shovels())  # dynamic shovels, built in (RabbitMQ's shovel plugin)
     node.add_plugin(Federation())  # federated exchanges and queues (the federation plugin)
+    # on before the start: SIGTERM while recovering or joining stops it at its next step
+    stop = Stop()
     try:
-        await node.start()
+        await node.start(abort=stop.requested)
+    except StartAborted:
+        log.info("shutdown requested while starting")
+        return 0
     except (ListenerError, TlsError, NodeNameTaken, ClusterUnavailable) as exc:
         print(f"hare-server: {exc}", file=sys.stderr)
         return 1
     # a cluster node's own quorum queues elect it again after a restart: served before "listening"
-    await node.cluster.settled(10.0)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    # tests and supervisors read the bound ports from here when port 0 was asked for; the
-    # AMQP line always comes first, then management HTTP, AMQPS, management HTTPS when on
-    for listener in node.listeners:
-        print(f"{BANNERS[listener.protocol]} listening on port {listener.port}", flush=True)
-    if ready is not None:
-        ready.set()
-    await stop.wait()
+    settled, _ = await unless_stopped(stop, node.cluster.settled(10.0))
+    if settled:
+        # tests and supervisors read the bound ports from here when port 0 was asked for; the
+        # AMQP line always comes first, then management HTTP, AMQPS, management HTTPS when on
+        for listener in node.listeners:
+            print(f"{BANNERS[listener.protocol]} listening on port {listener.port}", flush=True)
+        if ready is not None:
+            ready.set()
+        await stop.wait()
     log.info("shutdown requested")
     await node.stop()
     return 0
@@ -146,6 +147,7 @@ def _lock_data_dir(settings: Settings, wait_s: float = 0.0) -> tuple[int, str | 
 
 
 def main(argv: list[str] | None = None) -> int:
+    note_signals()  # a SIGTERM from here on stops the start cleanly (broker/signals.py)
     try:
         settings = load_settings(argv)
         _check_plugins(settings)

@@ -1,9 +1,12 @@
-"""hare-server's life cycle: clean SIGTERM with clients connected, one clear line and exit 1
-for a port in use, an unusable data directory or a second broker on the same data dir."""
+"""hare-server's life cycle: clean SIGTERM with clients connected and while starting, one
+clear line and exit 1 for a port in use, an unusable data directory or a second broker on the
+same data dir."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import socket
 import subprocess
 import sys
@@ -13,7 +16,9 @@ import aio_pika
 import pytest
 from aio_pika import DeliveryMode, Message
 
+from broker.store.layout import LOCK_FILE
 from tests.conftest import ROOT
+from tests.start_stop_helpers import PER_QUEUE, QUEUES, fill, spawn, term_at
 
 
 def _run(args: list[str], timeout: float = 20) -> subprocess.CompletedProcess[str]:
@@ -79,3 +84,47 @@ async def test_sigterm_closes_clients_with_320_and_keeps_persistent_messages(fre
     q2 = await ch2.declare_queue("sigterm-q", durable=True)
     assert q2.declaration_result.message_count == 100
     await conn2.close()
+
+
+def test_sigterm_while_recovering_stops_cleanly(fresh_broker):
+    """SIGTERM during the recovery of its queues: the start stops at its next step with the
+    stores closed as at any stop (exit 0, no "listening"), and the directory starts again,
+    clean, with every message."""
+    fresh_broker.start()
+    fill(fresh_broker)
+    assert fresh_broker.stop() == 0
+    proc = spawn(fresh_broker)
+    code, out = term_at(proc, fresh_broker.log_path, "msg_store_started")
+    log = fresh_broker.log_path.read_text()
+    assert code == 0, log[-3000:]
+    assert "listening" not in out
+    assert '"event": "shutdown requested while starting"' in log
+    assert '"event": "msg_store_stopped"' in log  # closed, not dropped
+    fresh_broker.start(timeout=60)
+    lines = [json.loads(x) for x in fresh_broker.log_path.read_text()[len(log):].splitlines()]
+    assert [x["clean"] for x in lines if x["event"] == "msg_store_started"] == [True, True]
+    for i in range(QUEUES):
+        assert asyncio.run(_depth(fresh_broker.port, f"slow-{i}")) == PER_QUEUE
+
+
+async def _depth(port: int, queue: str) -> int:
+    conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{port}/")
+    async with conn:
+        q = await (await conn.channel()).declare_queue(queue, durable=True, passive=True)
+        return int(q.declaration_result.message_count or 0)
+
+
+def test_sigterm_before_the_loop_runs_stops_cleanly(fresh_broker):
+    """SIGTERM as soon as the data directory is locked (before the event loop runs): noted,
+    and the start stops at its first step: exit 0, not the signal's default action."""
+    proc = spawn(fresh_broker)
+    lock = fresh_broker.data_dir / LOCK_FILE
+    deadline = time.monotonic() + 60
+    while not (lock.exists() and lock.read_text().strip() == str(proc.pid)):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, fresh_broker.log()
+    assert "listening" not in out
+    fresh_broker.start()  # the directory's lock went with it

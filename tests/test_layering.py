@@ -23,7 +23,7 @@ TOOLS = ("hare_perf", "hare_bench")
 # lower number = lower layer; a module may import only from layers below its own
 RANK = {
     # the bottom: wire format, settings, logging
-    "protocol": 0, "config": 0, "logs": 0, "amqp_uri": 0, "compiled": 0,
+    "protocol": 0, "config": 0, "logs": 0, "amqp_uri": 0, "compiled": 0, "signals": 0,
     "message": 1, "access": 1,
     # routing, stores, flow control
     "routing": 2, "store": 2, "flow": 2,

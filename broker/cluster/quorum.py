@@ -376,11 +376,10 @@ class QuorumCoordinator:
                 raise ValueError(f"queue '{name}' in vhost '{vhost}' is not a quorum queue")
             members = list(record["members"])
             if add is not None:
-                if add in members:
+                node = self._placed(add, name, members)
+                if node in members:
                     return record
-                if add not in {m.name for m in self.cluster.members()}:
-                    raise ValueError(f"node '{add}' is not a member of the cluster")
-                members.append(add)
+                members.append(node)
             if remove is not None:
                 if remove not in members:
                     return record
@@ -393,6 +392,34 @@ class QuorumCoordinator:
             if result.succeeded:
                 return new
         raise RuntimeError("the queue's record kept changing")
+
+    def _placed(self, add: str, queue: str, members: list[str]) -> str:
+        """The node a new member goes to: `add` itself, or for a server's name its least
+        loaded running node that is no member yet. Refused (ValueError) onto a server that
+        holds a member already while the running nodes span several: the workers of one
+        server share its machine and disk, as at a declare (choose_members)."""
+        known = self.cluster.members()
+        server = {m.name: str(m.card.get("server") or m.name) for m in known}
+        server[self.me] = self.node.server
+        if add not in server:
+            nodes = [m.name for m in known if m.running and server[m.name] == add]
+            if not nodes:
+                raise ValueError(f"node '{add}' is not a member of the cluster")
+            load: dict[str, int] = {}
+            for r in self.records.values():
+                for member in r["members"]:
+                    load[member] = load.get(member, 0) + 1
+            free = [n for n in nodes if n not in members]
+            add = min(free or nodes, key=lambda n: (load.get(n, 0), n))
+        if add in members:
+            return add
+        held = sorted(m for m in members if server.get(m, m) == server[add])
+        if held and len({server[m.name] for m in known if m.running}) > 1:
+            raise ValueError(
+                f"server '{server[add]}' (node '{add}') already holds a member of queue "
+                f"'{queue}' ({', '.join(held)}): a second member on one server survives "
+                f"nothing the first does not; add a node of another server")
+        return add
 
     # -- links and nodes ------------------------------------------------------------------------
     def node_changed(self, name: str, running: bool) -> None:

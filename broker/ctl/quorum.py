@@ -1,12 +1,16 @@
 """hare-ctl's quorum queue verbs, as `rabbitmq-queues`' (through the management API):
 
-    hare-ctl add_member [-p VHOST] QUEUE NODE
+    hare-ctl add_member [-p VHOST] QUEUE NODE|SERVER
     hare-ctl delete_member [-p VHOST] QUEUE NODE
-    hare-ctl grow NODE all|even [--vhost-pattern RE] [--queue-pattern RE] [--errors-only]
+    hare-ctl grow NODE|SERVER all|even [--vhost-pattern RE] [--queue-pattern RE] [--errors-only]
     hare-ctl shrink NODE [--errors-only]
 
 grow adds NODE to every quorum queue that matches (`even`: only to those with an even number of
-members, RabbitMQ's rule); shrink removes NODE from every quorum queue that has it. Each change
+members, RabbitMQ's rule) and that has no member on NODE's server yet while the running nodes
+span several servers; NODE may name a server (a multi-worker one: `<name>-w<i>` are its
+nodes), whose least loaded node then takes each new member. add_member onto a server that
+holds a member of the queue already is refused then. shrink removes NODE from every quorum
+queue that has it. Each change
 is one etcd transaction on the queue's record; a new member is copied the queue by its leader
 before it counts (docs/CLUSTER.md)."""
 
@@ -63,9 +67,20 @@ def _each(client: Client, a: argparse.Namespace, queues: list[dict[str, Any]],
 
 def _grow(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
     vhosts, queues = re.compile(a.vhost_pattern), re.compile(a.queue_pattern)
+    nodes = client.get("/api/nodes")
+    server = {n["name"]: n.get("server") or n["name"] for n in nodes}
+    # one member per server while the running nodes span several (docs/CLUSTER.md,
+    # "Servers"): a queue whose member is on NODE's server already is left as it is, as one
+    # whose member NODE is
+    spread = len({server[n["name"]] for n in nodes if n.get("running")}) > 1
+    target = server.get(a.node, a.node)  # NODE may name a server: the broker picks its node
+
+    def has(q: dict[str, Any]) -> bool:
+        members = q.get("members") or []
+        return a.node in members or (spread and target in {server.get(m, m) for m in members})
+
     wanted = [q for q in _quorum_queues(client)
-              if vhosts.search(q["vhost"]) and queues.search(q["name"])
-              and a.node not in (q.get("members") or [])
+              if vhosts.search(q["vhost"]) and queues.search(q["name"]) and not has(q)
               and (a.strategy == "all" or len(q.get("members") or []) % 2 == 0)]
     return _each(client, a, wanted, lambda q: client.call(
         "POST", _members_path(q["vhost"], q["name"]), {"node": a.node}))

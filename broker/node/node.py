@@ -38,9 +38,13 @@ from broker.vhost import VHost
 if TYPE_CHECKING:
     from broker.server.reader import Reader
 
-__all__ = ["Node", "bind_listeners"]
+__all__ = ["Node", "StartAborted", "bind_listeners"]
 
 log = structlog.get_logger("hare.node")
+
+
+class StartAborted(Exception):
+    """Node.start saw its `abort` event set (SIGTERM while starting) and undid what it did."""
 
 
 class Node:
@@ -126,19 +130,31 @@ class Node:
         self.cluster.changed(vhost, what, obj)
         self.events.definition_changed.notify((vhost, what, obj))
 
-    async def start(self) -> None:
+    async def start(self, abort: Callable[[], bool] | None = None) -> None:
         """Bind every listener (TLS files read first), recover, listen on all, then serve
         them all: a port that is taken or a certificate that cannot be read stops start-up
-        before any connection is accepted (ListenerError, TlsError)."""
+        before any connection is accepted (ListenerError, TlsError). `abort()` true (SIGTERM
+        while starting) stops it at the next step between the phases, none of which is cut
+        short (a recovery half done must not be stopped as if whole): what it did is undone
+        - stores closed, membership left - and StartAborted raised."""
+        def checkpoint() -> None:
+            if abort is not None and abort():
+                raise StartAborted("stop requested while starting")
+
         listeners = self._bind_listeners()
-        joined = False
+        joined = recovered = False
         started: list[Plugin] = []
         try:
+            checkpoint()
             await self.cluster.start()  # a name already taken stops start-up here
             joined = True
+            checkpoint()
             self.durable = Durable(self)
             await self.durable.start()
+            recovered = True
+            checkpoint()
             await self.cluster.sync()  # the cluster's definitions over what the disk kept
+            checkpoint()
             self.memory_monitor.start()
             self.disk_monitor.start()
             listen_all(listeners)
@@ -153,6 +169,11 @@ class Node:
                 await plugin.stop()
             close_all(listeners)
             self.listeners = []
+            if recovered:  # the stores flushed as at a stop: the next start is a clean one
+                for vhost in self.vhosts.values():
+                    vhost.stop()
+                assert self.durable is not None
+                await self.durable.stop()
             if joined:
                 await self.cluster.stop()
             raise

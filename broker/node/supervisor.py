@@ -37,6 +37,7 @@ from broker.cluster.meta_server import MetaServer
 from broker.config import MemoryWatermark, Settings
 from broker.node.node import bind_listeners
 from broker.server.listener import BANNERS, Listener, close_all, listen_all
+from broker.signals import Stop, unless_stopped
 
 __all__ = ["WORKER_ENV", "Supervisor", "WorkerRole", "watch_parent", "worker_role",
            "worker_settings"]
@@ -161,22 +162,25 @@ class Supervisor:
         self.stopping = False
 
     async def run(self) -> int:
-        stop = asyncio.Event()
+        stop = Stop()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
         try:
             self.listeners = bind_listeners(self.settings)
             listen_all(self.listeners)
             if not self.settings.cluster_etcd:  # else the workers are nodes of that cluster
                 self.meta = await start_meta(self.settings.data_dir)
-            # the first worker alone seeds the empty metadata with its definitions
-            await self._start(self.workers[0])
-            await asyncio.gather(*(self._start(w) for w in self.workers[1:]))
+            # SIGTERM while the workers start: each is sent SIGTERM at once, which stops its
+            # own start at its next step (broker/cli.py), instead of waiting for them to serve
+            started, _ = await unless_stopped(stop, self._start_workers())
         except Exception as exc:  # a worker or the meta service that did not start
             print(f"hare-server: {exc}", file=sys.stderr)
             await self._stop_all()
             return 1
+        if not started:
+            log.info("shutdown requested while starting")
+            self.stopping = True
+            await self._stop_all()
+            return 0
         for listener in self.listeners:
             print(f"{BANNERS[listener.protocol]} listening on port {listener.port}",
                   flush=True)
@@ -190,6 +194,11 @@ class Supervisor:
             task.cancel()
         await self._stop_all()
         return 0
+
+    async def _start_workers(self) -> None:
+        # the first worker alone seeds the empty metadata with its definitions
+        await self._start(self.workers[0])
+        await asyncio.gather(*(self._start(w) for w in self.workers[1:]))
 
     def _role(self, worker: _Worker) -> WorkerRole:
         fds = {x.protocol: [s.fileno() for s in x.sockets] for x in self.listeners}

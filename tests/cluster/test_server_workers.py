@@ -139,6 +139,44 @@ def test_workers_are_nodes_of_the_etcd_cluster(servers: tuple[ClusterNode, Clust
              what="the workers out of the running nodes")
 
 
+def test_members_added_on_servers_without_one(servers: tuple[ClusterNode, ClusterNode]
+                                             ) -> None:
+    """add_member onto a server that holds a member of the queue already is refused with
+    why; grow by a server's name picks one of its nodes, and grow leaves a queue with a member
+    on NODE's server as it is."""
+    _, solo = servers
+    wait_for(lambda: _running(solo) == {"solo": True, "srv-w1": True, "srv-w2": True},
+             what="both workers running for the cluster")
+    conn = _connect(solo)
+    ch = conn.channel()
+    for name in ("qq-add", "qq-grow"):  # one member each: solo, the declaring node
+        ch.queue_declare(name, durable=True, arguments={
+            "x-queue-type": "quorum", "x-quorum-initial-group-size": 1})
+        assert solo.get(f"/api/queues/%2F/{name}")["members"] == ["solo"]
+    conn.close()
+
+    added = ctl(solo, "add_member", "qq-add", "srv-w1")
+    assert added.returncode == 0, added.stderr
+    refused = ctl(solo, "add_member", "qq-add", "srv-w2")
+    assert refused.returncode != 0
+    assert ("server 'srv' (node 'srv-w2') already holds a member of queue 'qq-add' (srv-w1)"
+            in refused.stderr), refused.stderr
+    by_server = ctl(solo, "add_member", "qq-add", "srv")  # the server's name: the same
+    assert by_server.returncode != 0 and "already holds a member" in by_server.stderr
+    assert solo.get("/api/queues/%2F/qq-add")["members"] == ["solo", "srv-w1"]
+
+    grown = ctl(solo, "grow", "srv", "all", "--queue-pattern", "^qq-")
+    assert grown.returncode == 0, grown.stderr
+    members = solo.get("/api/queues/%2F/qq-grow")["members"]
+    assert members[0] == "solo" and len(members) == 2 and members[1] in ("srv-w1", "srv-w2")
+    assert "qq-add" not in grown.stdout  # srv held one of its members: left alone
+    assert solo.get("/api/queues/%2F/qq-add")["members"] == ["solo", "srv-w1"]
+    other = "srv-w2" if members[1] == "srv-w1" else "srv-w1"
+    again = ctl(solo, "grow", other, "all", "--queue-pattern", "^qq-")
+    assert again.returncode == 0, again.stderr
+    assert solo.get("/api/queues/%2F/qq-grow")["members"] == members
+
+
 def test_a_worker_whose_name_is_taken_stops_the_server(tmp_path: Path, etcd: EtcdProc
                                                        ) -> None:
     """A worker joins as any node does: its name taken by another node, the server does not
