@@ -16,6 +16,8 @@ import asyncio
 import contextlib
 import ctypes
 import dataclasses
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -62,6 +64,13 @@ class WorkerRole:
 
     def encode(self) -> str:
         return json.dumps(dataclasses.asdict(self))
+
+    @property
+    def direct_secret(self) -> str:
+        """The password of the node's own AMQP clients (AccessControl.direct_secret), one for
+        every worker: a shovel's or federation link's connection to this server is accepted
+        by whichever worker is free, not always its own."""
+        return hmac.new(self.secret.encode(), b"direct login", hashlib.sha256).hexdigest()
 
 
 def worker_role(env: Mapping[str, str]) -> WorkerRole | None:

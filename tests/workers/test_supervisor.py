@@ -292,6 +292,27 @@ def test_direct_reply_to_across_workers(two: WorkersBroker) -> None:
     server.close()
 
 
+def test_shovels_to_this_server_log_in_on_any_worker(two: WorkersBroker) -> None:
+    """A shovel's `amqp://` (this server, as the defining user, with the direct secret)
+    connects to the shared port, so its source and destination land on either worker: the
+    workers share the secret. Four shovels, eight connections: some cross workers; none
+    tries again (reconnect-delay 0), so one refused login would leave its message behind."""
+    conn = _connect(two)
+    ch = conn.channel()
+    for i in range(4):
+        ch.queue_declare(f"sv-src-{i}")
+        ch.queue_declare(f"sv-dst-{i}")
+        status, _ = two.api("PUT", f"/api/parameters/shovel/%2F/sv-{i}", {"value": {
+            "src-uri": "amqp://", "src-queue": f"sv-src-{i}",
+            "dest-uri": "amqp://", "dest-queue": f"sv-dst-{i}", "reconnect-delay": 0}})
+        assert status == 201
+        ch.basic_publish("", f"sv-src-{i}", b"moved")
+    wait_for(lambda: all(ch.queue_declare(f"sv-dst-{i}", passive=True).method.message_count
+                         == 1 for i in range(4)),
+             what="every shovel moved its message")
+    conn.close()
+
+
 def test_metrics_are_the_whole_servers(two: WorkersBroker) -> None:
     """/metrics on the shared port: whichever worker is scraped, queues carry their home
     worker's counts and the node-wide figures are summed over the workers."""
