@@ -76,7 +76,9 @@ class BrokerProc:
     def node_dirs(self) -> list[Path]:
         """The data directories of the nodes: <data_dir>/w<i> for each worker of a
         multi-worker tree, else the data directory itself. Works on a stopped broker."""
-        return sorted(self.data_dir.glob("w[0-9]*")) or [self.data_dir]
+        from broker.store.layout import node_dirs
+
+        return node_dirs(self.data_dir)
 
     def queue_dir(self, name: str, area: str = "queues", vhost: str = "/") -> Path:
         """The directory of a queue's files under `area` (layout.QUEUES, STREAMS,

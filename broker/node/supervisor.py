@@ -35,6 +35,7 @@ from broker.cluster.meta_server import MetaServer
 from broker.config import MemoryWatermark, Settings
 from broker.node.node import bind_listeners
 from broker.server.listener import BANNERS, Listener, close_all, listen_all
+from broker.store import layout
 
 __all__ = ["WORKER_ENV", "Supervisor", "WorkerRole", "watch_parent", "worker_role",
            "worker_settings"]
@@ -96,7 +97,7 @@ def worker_settings(settings: Settings, role: WorkerRole) -> Settings:
     return dataclasses.replace(
         settings,
         workers=1,
-        data_dir=settings.data_dir / f"w{role.index}",
+        data_dir=layout.worker_dir(settings.data_dir, role.index),
         node_name=worker_name(settings, role.index),
         cluster_etcd=role.meta_url,
         cluster_etcd_token=role.meta_token,
