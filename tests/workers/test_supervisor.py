@@ -313,6 +313,27 @@ def test_shovels_to_this_server_log_in_on_any_worker(two: WorkersBroker) -> None
     conn.close()
 
 
+def test_delete_if_empty_or_unused_judges_the_home_queue(two: WorkersBroker) -> None:
+    """queue.delete if-empty / if-unused (and the management API's) from another worker than
+    the queue's: its messages and consumers are at home, so both are refused there too."""
+    (_, home), (_, other) = sorted(_one_per_worker(two).items())
+    hch = home.channel()
+    hch.queue_declare("keep-me")
+    hch.confirm_delivery()
+    hch.basic_publish("", "keep-me", b"m")
+    for flags in ({"if_empty": True}, {"if_unused": True}):
+        if "if_unused" in flags:
+            hch.basic_consume("keep-me", lambda *_: None)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            other.channel().queue_delete("keep-me", **flags)
+        assert refused.value.reply_code == 406
+    status, _ = two.api("DELETE", "/api/queues/%2F/keep-me?if-unused=true")
+    assert status == 400  # whichever worker answers
+    assert hch.queue_declare("keep-me", passive=True).method.consumer_count == 1
+    for c in (home, other):
+        c.close()
+
+
 def test_metrics_are_the_whole_servers(two: WorkersBroker) -> None:
     """/metrics on the shared port: whichever worker is scraped, queues carry their home
     worker's counts and the node-wide figures are summed over the workers."""
