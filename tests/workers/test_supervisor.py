@@ -334,6 +334,17 @@ def test_delete_if_empty_or_unused_judges_the_home_queue(two: WorkersBroker) -> 
         c.close()
 
 
+def test_connection_names_are_the_whole_servers(two: WorkersBroker) -> None:
+    """Each worker numbers its connections; the names the management API lists (and
+    /api/connections/{name} finds) carry the process, so no two workers' are alike and a
+    close by name cannot reach another worker's namesake."""
+    conns = [_connect(two) for _ in range(6)]
+    names = [c["name"] for c in two.get("/api/connections")]
+    assert len(names) == 6 and len(set(names)) == 6, names
+    for c in conns:
+        c.close()
+
+
 def test_metrics_are_the_whole_servers(two: WorkersBroker) -> None:
     """/metrics on the shared port: whichever worker is scraped, queues carry their home
     worker's counts and the node-wide figures are summed over the workers."""
