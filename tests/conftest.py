@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -131,9 +132,14 @@ class BrokerProc:
         self.proc = None
         return code
 
-    def kill(self) -> None:
-        """SIGKILL: the crash path."""
+    def kill(self, tree: bool = True) -> None:
+        """SIGKILL: the crash path. A multi-worker server's workers are killed first (killed
+        alone, the parent has them stop cleanly: PR_SET_PDEATHSIG sends them SIGTERM);
+        `tree=False` kills the parent only."""
         if self.proc is not None:
+            for pid in workers(self.proc.pid).values() if tree else ():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             self.proc.kill()
             self.proc.wait()
             self.proc = None

@@ -144,7 +144,7 @@ def test_sigterm_stops_every_worker(two: WorkersBroker) -> None:
 
 def test_parent_killed_workers_stop(two: WorkersBroker) -> None:
     pids = list(two.workers().values())
-    two.kill()
+    two.kill(tree=False)
     wait_for(lambda: not any(alive(p) for p in pids), what="workers gone with their parent")
 
 
@@ -243,7 +243,7 @@ def test_parent_killed_and_started_again_at_once(tmp_path: Path) -> None:
             ch.basic_publish("", "cq", b"%d" % i, pika.BasicProperties(delivery_mode=2))
         c.close()
         assert len(b.get("/api/queues/%2F/qq")["members"]) == 1
-        b.kill()
+        b.kill(tree=False)  # the workers stop on their own, while the new ones start
         b.start()
         c = _connect(b)
         ch = c.channel()
