@@ -315,7 +315,8 @@ def test_shovels_to_this_server_log_in_on_any_worker(two: WorkersBroker) -> None
 
 def test_delete_if_empty_or_unused_judges_the_home_queue(two: WorkersBroker) -> None:
     """queue.delete if-empty / if-unused (and the management API's) from another worker than
-    the queue's: its messages and consumers are at home, so both are refused there too."""
+    the queue's: its messages and consumers are at home, so both are refused there too, and
+    delete-ok counts the home's messages."""
     (_, home), (_, other) = sorted(_one_per_worker(two).items())
     hch = home.channel()
     hch.queue_declare("keep-me")
@@ -330,6 +331,11 @@ def test_delete_if_empty_or_unused_judges_the_home_queue(two: WorkersBroker) -> 
     status, _ = two.api("DELETE", "/api/queues/%2F/keep-me?if-unused=true")
     assert status == 400  # whichever worker answers
     assert hch.queue_declare("keep-me", passive=True).method.consumer_count == 1
+    hch.queue_declare("count-me")
+    for _ in range(3):
+        hch.basic_publish("", "count-me", b"m")
+    # delete-ok counts the messages deleted at home
+    assert other.channel().queue_delete("count-me").method.message_count == 3
     for c in (home, other):
         c.close()
 
