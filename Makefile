@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fallback compile uncompile lint bench bench-spark pipeline cluster nemesis clean
+.PHONY: run test test-fallback test-workers compile uncompile lint bench bench-spark pipeline cluster nemesis clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,8 +29,20 @@ compile: $(STAMP)
 uncompile:
 	$(PY) mypyc_build.py --clean
 
-# CI, after `make test` on the compiled build: the tests that exercise the compiled modules,
-# run on their .py sources (HARE_PURE_PYTHON; tests/test_compiled.py checks which ran)
+# CI, after `make test` on the compiled build: the directories that pass with two workers, on
+# the .py sources (HARE_PURE_PYTHON; tests/test_compiled.py checks which ran) with every broker
+# the tests start run as a parent and two worker processes (HARE_WORKERS=2), so the fallback
+# and the second worker count are covered in one run. The rest of the suite still has known
+# failures at workers = 2 (docs/ARCHITECTURE.md, "The suite at workers = 2"); a directory joins
+# this list when it passes. Tests that build their own topology (--workers, clusters) keep theirs.
+WORKERS_TESTS := tests/test_compiled.py tests/protocol tests/flow tests/queue tests/routing \
+	tests/server tests/policy tests/config tests/workers tests/perf tests/bench
+test-workers: $(STAMP)
+	HARE_PURE_PYTHON=1 HARE_TEST_EXPECT_BUILD=python HARE_WORKERS=2 \
+	    $(BIN)/python -m pytest -q -rs $(WORKERS_TESTS)
+
+# For local use, quicker than test-workers: the tests that exercise the compiled modules, on
+# their .py sources, one process per broker
 FALLBACK_TESTS := tests/test_compiled.py tests/protocol tests/flow tests/queue tests/routing \
 	tests/server
 test-fallback: $(STAMP)

@@ -27,7 +27,8 @@ log = structlog.get_logger("hare.cli")
 
 
 async def run(settings: Settings, ready: asyncio.Event | None = None,
-              inherited: dict[str, list[int]] | None = None) -> int:
+              inherited: dict[str, list[int]] | None = None,
+              direct_secret: str | None = None) -> int:
     from broker.cluster import ClusterUnavailable, NodeNameTaken
     from broker.federation import Federation
     from broker.mgmt import Management
@@ -37,6 +38,8 @@ async def run(settings: Settings, ready: asyncio.Event | None = None,
     from broker.shovel import Shovels
 
     node = Node(settings, inherited)
+    if direct_secret is not None:  # a worker's: the same on every worker of the server
+        node.auth.direct_secret = direct_secret
     node.add_plugin(Management())  # serves when a management listener is on
     node.add_plugin(Shovels())  # dynamic shovels, built in (RabbitMQ's shovel plugin)
     node.add_plugin(Federation())  # federated exchanges and queues (the federation plugin)
@@ -187,7 +190,10 @@ def main(argv: list[str] | None = None) -> int:
 
             argv = sys.argv[1:] if argv is None else argv
             return uvloop.run(Supervisor(settings, workers, argv).run())
-        return uvloop.run(run(settings, inherited=role.fds if role else None))
+        if role is not None:
+            return uvloop.run(run(settings, inherited=role.fds,
+                                  direct_secret=role.direct_secret))
+        return uvloop.run(run(settings))
     except KeyboardInterrupt:
         return 0
     finally:

@@ -347,6 +347,24 @@ class VHost:
                        auto_delete=auto_delete)
         self.params.check_new_queue(name)
 
+    async def check_queue_delete(self, q: QueueType, *, if_unused: bool, if_empty: bool) -> int:
+        """queue.delete's if-unused and if-empty judged on the counts of the queue's home: a
+        queue homed on another node (worker) has no messages here and only this node's
+        consumers, so delete_queue's own checks would let a non-empty one go. Returns the
+        home's message count (delete-ok's); without either flag a home that cannot answer
+        (down) counts 0 and the delete goes on."""
+        try:
+            messages, consumers = await q.counts()
+        except ChannelError:
+            if if_unused or if_empty:
+                raise  # nothing to judge by
+            return 0
+        if if_unused and consumers:
+            raise ChannelError(PRECONDITION_FAILED, f"queue '{q.name}' {self._where()} in use")
+        if if_empty and messages:
+            raise ChannelError(PRECONDITION_FAILED, f"queue '{q.name}' {self._where()} not empty")
+        return messages
+
     def delete_queue(self, q: QueueType, *, if_unused: bool = False, if_empty: bool = False) -> int:
         if if_unused and q.consumers:
             raise ChannelError(PRECONDITION_FAILED, f"queue '{q.name}' {self._where()} in use")

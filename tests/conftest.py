@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +15,36 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+WORKER_ENV = "_HARE_WORKER"  # set in each worker's environment by broker/node/supervisor.py
+
+
+def children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(x) for x in text.split()]
+
+
+def workers(parent: int) -> dict[int, int]:
+    """Worker index -> pid of a multi-worker hare-server, read from each child's environment
+    (empty for a single process)."""
+    found: dict[int, int] = {}
+    for pid in children(parent):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for entry in env:
+            if entry.startswith(WORKER_ENV.encode() + b"="):
+                found[json.loads(entry.split(b"=", 1)[1])["index"]] = pid
+    return found
+
+
+def rss(pid: int) -> int:
+    """A process's resident set, bytes."""
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class BrokerProc:
@@ -35,6 +67,29 @@ class BrokerProc:
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
+
+    def serving_pids(self) -> list[int]:
+        """The processes that serve clients and hold queues: the workers of a multi-worker
+        server (HARE_WORKERS, --workers), else the one process."""
+        found = workers(self.pid)
+        return [found[i] for i in sorted(found)] or [self.pid]
+
+    def node_dirs(self) -> list[Path]:
+        """The data directories of the nodes: <data_dir>/w<i> for each worker of a
+        multi-worker tree, else the data directory itself. Works on a stopped broker."""
+        from broker.store.layout import node_dirs
+
+        return node_dirs(self.data_dir)
+
+    def queue_dir(self, name: str, area: str = "queues", vhost: str = "/") -> Path:
+        """The directory of a queue's files under `area` (layout.QUEUES, STREAMS,
+        TRANSIENT_QUEUES) in whichever node's directory holds them (its home worker's)."""
+        from broker.store.layout import queue_dir_name
+
+        found = [d / area / queue_dir_name(vhost, name) for d in self.node_dirs()
+                 if (d / area / queue_dir_name(vhost, name)).is_dir()]
+        assert len(found) == 1, (name, area, found)
+        return found[0]
 
     def start(self, timeout: float = 20.0) -> BrokerProc:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -77,9 +132,14 @@ class BrokerProc:
         self.proc = None
         return code
 
-    def kill(self) -> None:
-        """SIGKILL: the crash path."""
+    def kill(self, tree: bool = True) -> None:
+        """SIGKILL: the crash path. A multi-worker server's workers are killed first (killed
+        alone, the parent has them stop cleanly: PR_SET_PDEATHSIG sends them SIGTERM);
+        `tree=False` kills the parent only."""
         if self.proc is not None:
+            for pid in workers(self.proc.pid).values() if tree else ():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             self.proc.kill()
             self.proc.wait()
             self.proc = None

@@ -1,6 +1,7 @@
 """Which build of the hot modules runs (broker/compiled.py): CI names the one it means to test
-in HARE_TEST_EXPECT_BUILD ("compiled" after `make compile`, "python" in `make test-fallback`), so
-a compiled run that silently fell back to the sources, or the reverse, fails here."""
+in HARE_TEST_EXPECT_BUILD ("compiled" after `make compile`, "python" in `make test-workers` and
+`make test-fallback`), so a compiled run that silently fell back to the sources, or the
+reverse, fails here."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def test_the_expected_build_is_loaded() -> None:
 
 @pytest.mark.skipif(not compiled.built(), reason="no build: `make compile` makes one")
 def test_hare_pure_python_runs_the_sources_beside_a_build() -> None:
-    """The switch `make test-fallback` uses, in a fresh interpreter as the broker's own
+    """The switch `make test-workers` uses, in a fresh interpreter as the broker's own
     process gets it: every hot module from its .py, though the build is there."""
     code = (
         "import importlib, broker.compiled as c\n"

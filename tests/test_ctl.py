@@ -19,6 +19,8 @@ import pytest
 from aio_pika import DeliveryMode, Message
 from mgmt.helpers import MgmtBroker, free_port
 
+from broker.store.layout import STREAMS
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -180,18 +182,20 @@ def test_verify_a_stopped_broker_store(tmp_path: Path) -> None:
 
     asyncio.run(publish())
     b.stop()
+    home = b.queue_dir("v.q").parent.parent  # the node directory (a worker's) holding v.q
     done = run_ctl("verify", str(tmp_path / "data"))
     assert done.returncode == 0, done.stdout + done.stderr
-    first = done.stdout.splitlines()[0]
-    assert first.startswith(f"{tmp_path / 'data' / 'msg_store_persistent'}: ok (")
+    [first] = [x for x in done.stdout.splitlines()
+               if x.startswith(f"{home / 'msg_store_persistent'}: ok (")]
     assert "20 message(s)" in first and "clean shutdown: true" in first
-    queues = f"{tmp_path / 'data' / 'queues'}: ok (1 queue index(es), 1 segment(s), 20 message(s)"
+    queues = f"{home / 'queues'}: ok (1 queue index(es), 1 segment(s), 20 message(s)"
     assert queues in done.stdout
     report = json.loads(run_ctl("--json", "verify", str(tmp_path / "data")).stdout)
-    assert report[0]["ok"] is True and report[0]["messages"] == 20
+    [store] = [r for r in report if r["directory"] == str(home / "msg_store_persistent")]
+    assert store["ok"] is True and store["messages"] == 20
 
     # flip a byte inside a record: verify reports it and exits non-zero
-    [segment] = sorted((tmp_path / "data" / "msg_store_persistent").glob("*.hseg"))
+    [segment] = sorted((home / "msg_store_persistent").glob("*.hseg"))
     raw = bytearray(segment.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     segment.write_bytes(bytes(raw))
@@ -219,7 +223,7 @@ def test_verify_a_stopped_broker_streams(tmp_path: Path) -> None:
     b.stop()
     done = run_ctl("verify", str(tmp_path / "data"))
     assert done.returncode == 0, done.stdout + done.stderr
-    streams = tmp_path / "data" / "streams"
+    streams = b.queue_dir("v.s", STREAMS).parent
     line = next(x for x in done.stdout.splitlines() if x.startswith(str(streams)))
     assert line.startswith(f"{streams}: ok (1 stream(s), ") and "30 message(s)" in line
 
@@ -235,6 +239,26 @@ def test_verify_a_stopped_broker_streams(tmp_path: Path) -> None:
     first, last = (f"{p.parent.name}/{p.name}" for p in (segments[0], segments[-1]))
     assert f"{first}: corrupt chunk at 16 (" in done.stdout
     assert f"{last}: torn tail of 8 bytes" in done.stdout
+
+
+def test_verify_checks_every_workers_directory(tmp_path: Path) -> None:
+    """A multi-worker server's data directory holds a node directory per worker (w1, w2):
+    verify checks each, not the top, which has no store of its own."""
+    b = MgmtBroker(tmp_path / "data", ["--workers", "2"]).start(60)
+    conn = pika.BlockingConnection(pika.URLParameters(b.url))
+    ch = conn.channel()
+    ch.queue_declare("v.w", durable=True)
+    ch.confirm_delivery()
+    for i in range(5):
+        ch.basic_publish("", "v.w", b"%05d" % i * 2000,  # big: kept in the store
+                         pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    b.stop()
+    report = json.loads(run_ctl("--json", "verify", str(tmp_path / "data")).stdout)
+    stores = {r["directory"]: r["messages"] for r in report if r["ok"] and "duplicates" in r}
+    assert set(stores) == {str(tmp_path / "data" / w / m) for w in ("w1", "w2")
+                           for m in ("msg_store_persistent", "msg_store_transient")}
+    assert sum(stores.values()) == 5
 
 
 async def test_list_queues_shows_the_real_type(mb: MgmtBroker) -> None:
@@ -387,22 +411,28 @@ async def test_user_verbs(mb: MgmtBroker) -> None:
 async def test_ping_and_alarms(mb: MgmtBroker, tmp_path: Path) -> None:
     done = await ctl(mb, "ping")
     assert done.returncode == 0 and done.stdout.endswith("Ping succeeded\n")
-    node = mb.get("/api/overview")["node"]
+    nodes = {n["name"] for n in mb.get("/api/nodes")}  # at workers > 1, whichever answers
     done = await ctl(mb, "alarms")
-    assert done.stdout.splitlines() == [
-        f"Asking node {node} to report any known resource alarms ...",
-        f"Node {node} reported no alarms, local or clusterwide"]
+    head, tail = done.stdout.splitlines()
+    node = head.removeprefix("Asking node ").removesuffix(" to report any known resource "
+                                                          "alarms ...")
+    assert node in nodes and head != node
+    assert tail == f"Node {node} reported no alarms, local or clusterwide"
     url = f"http://127.0.0.1:{free_port()}"
     assert (await asyncio.to_thread(run_ctl, "ping", url=url)).returncode == 69
 
     alarmed = MgmtBroker(tmp_path / "alarmed", ["--disk-free-limit", str(10**18)]).start()
     try:
         await alarmed.until("/api/nodes", lambda ns: ns[0]["disk_free_alarm"])
+        # the answering node's own (a worker's, whichever answers, at workers > 1)
+        nodes = {n["name"] for n in alarmed.get("/api/nodes")}
         done = await ctl(alarmed, "alarms")
         assert done.returncode == 0
-        assert done.stdout.splitlines()[1:] == [f"Free disk space alarm on node {node}"]
-        assert json.loads((await ctl(alarmed, "--json", "alarms")).stdout) == [
-            {"resource": "disk space", "node": node}]
+        [line] = done.stdout.splitlines()[1:]
+        assert line.startswith("Free disk space alarm on node ")
+        assert line.rsplit(" ", 1)[1] in nodes
+        [alarm] = json.loads((await ctl(alarmed, "--json", "alarms")).stdout)
+        assert alarm["resource"] == "disk space" and alarm["node"] in nodes
     finally:
         alarmed.stop()
 

@@ -81,7 +81,7 @@ class AccessControl:
         # The password of the node's own AMQP clients (shovels), RabbitMQ's direct
         # connections: over loopback it logs in as any existing user without that user's
         # password, so a shovel acts as the user who defined it. Random per start, in memory
-        # only, never logged.
+        # only, never logged (a multi-worker server's workers share one: cli.py).
         self.direct_secret = secrets.token_urlsafe(32)
 
     # -- login ------------------------------------------------------------------------------

@@ -249,25 +249,40 @@ def _import(client: Client, a: argparse.Namespace) -> tuple[Any, str]:
 
 def _verify(_: Client | None, a: argparse.Namespace) -> tuple[Any, str]:
     """Check a stopped broker's message store and queue index files offline
-    (broker.store.verify: the parsers recovery uses)."""
+    (broker.store.verify: the parsers recovery uses); a multi-worker server's data directory
+    is each worker's node directory in turn."""
     try:  # the store's own checker; imported only here
-        from broker.store import layout
-        from broker.store.verify import verify, verify_queue_indexes, verify_streams
+        from broker.store import layout, verify  # noqa: F401 - _verify_node's
     except ImportError:
         raise CtlError("verify is not available in this build", EX_SOFTWARE) from None
     root = Path(a.data_dir)
     if not root.is_dir():
         raise CtlError(f"{root} is not a directory", EX_DATAERR)
+    data: list[dict[str, Any]] = []
+    lines: list[str] = []
+    for node_dir in layout.node_dirs(root):
+        _verify_node(node_dir, data, lines)
+    if not all(d["ok"] for d in data):
+        a.exit_code = EX_DATAERR
+    return data, "\n".join(lines)
+
+
+def _verify_node(root: Path, data: list[dict[str, Any]], lines: list[str]) -> None:
+    """One node directory's stores, queue indexes and streams: reports onto `data`, `lines`."""
+    from broker.store import layout
+    from broker.store.verify import verify, verify_queue_indexes, verify_streams
+
     stores = [d for d in (root / layout.MSG_STORE_PERSISTENT, root / layout.MSG_STORE_TRANSIENT)
               if d.is_dir()] or [root]
     reports = [verify(d) for d in stores]
-    data: list[dict[str, Any]] = [{"directory": r.directory, "ok": r.ok, "segments": r.segments,
-             "messages": r.messages, "bytes": r.bytes, "duplicates": r.duplicates,
-             "clean_shutdown": r.clean_shutdown, "snapshot": r.snapshot,
-             "quarantined": r.quarantined, "quarantined_messages": r.quarantined_messages,
-             "problems": r.problems()} for r in reports]
-    lines = []
-    for d in data:
+    mine: list[dict[str, Any]] = [{
+        "directory": r.directory, "ok": r.ok, "segments": r.segments,
+        "messages": r.messages, "bytes": r.bytes, "duplicates": r.duplicates,
+        "clean_shutdown": r.clean_shutdown, "snapshot": r.snapshot,
+        "quarantined": r.quarantined, "quarantined_messages": r.quarantined_messages,
+        "problems": r.problems()} for r in reports]
+    data += mine
+    for d in mine:
         state = "ok" if d["ok"] else "DAMAGED"
         lines.append(f"{d['directory']}: {state} ({d['segments']} segment(s), "
                      f"{d['messages']} message(s), {d['bytes']} bytes, "
@@ -299,9 +314,6 @@ def _verify(_: Client | None, a: argparse.Namespace) -> tuple[Any, str]:
                      f"{st.bytes} bytes)")
         lines += [f"  {p}" for p in st.problems()]
         lines += [f"  quarantined: {q}" for q in st.quarantined]
-    if not all(d["ok"] for d in data):
-        a.exit_code = EX_DATAERR
-    return data, "\n".join(lines)
 
 
 # -- arguments ------------------------------------------------------------------------------------

@@ -439,9 +439,9 @@ async def queue_delete(request: web.Request) -> web.Response:
     vhost = vhost_of(request.app[NODE], request.match_info["vhost"])
     q = _queue(vhost, request.match_info["name"])
     await require(request, vhost.name, "queue", q.name, "configure")
-    vhost.delete_queue(
-        q, if_unused=_bool(request, "if-unused"), if_empty=_bool(request, "if-empty")
-    )
+    if_unused, if_empty = _bool(request, "if-unused"), _bool(request, "if-empty")
+    await vhost.check_queue_delete(q, if_unused=if_unused, if_empty=if_empty)
+    vhost.delete_queue(q, if_unused=if_unused, if_empty=if_empty)
     return no_content()
 
 

@@ -20,6 +20,8 @@ import asyncio
 import contextlib
 import ctypes
 import dataclasses
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -38,6 +40,7 @@ from broker.config import MemoryWatermark, Settings
 from broker.node.node import bind_listeners
 from broker.server.listener import BANNERS, Listener, close_all, listen_all
 from broker.signals import Stop, unless_stopped
+from broker.store import layout
 
 __all__ = ["WORKER_ENV", "Supervisor", "WorkerRole", "watch_parent", "worker_role",
            "worker_settings"]
@@ -70,6 +73,13 @@ class WorkerRole:
     def encode(self) -> str:
         return json.dumps(dataclasses.asdict(self))
 
+    @property
+    def direct_secret(self) -> str:
+        """The password of the node's own AMQP clients (AccessControl.direct_secret), one for
+        every worker: a shovel's or federation link's connection to this server is accepted
+        by whichever worker is free, not always its own."""
+        return hmac.new(self.secret.encode(), b"direct login", hashlib.sha256).hexdigest()
+
 
 def worker_role(env: Mapping[str, str]) -> WorkerRole | None:
     raw = env.get(WORKER_ENV)
@@ -101,7 +111,7 @@ def worker_settings(settings: Settings, role: WorkerRole) -> Settings:
     settings = dataclasses.replace(
         settings,
         workers=1,
-        data_dir=settings.data_dir / f"w{role.index}",
+        data_dir=layout.worker_dir(settings.data_dir, role.index),
         node_name=worker_name(settings, role.index),
         cluster_server=settings.cluster_server or server_name(settings),
         vm_memory_high_watermark=share,

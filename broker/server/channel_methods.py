@@ -181,8 +181,10 @@ async def queue_delete(ch: Channel, m: commands.Queue.Delete) -> None:
         count = 0  # RabbitMQ: deleting a missing queue succeeds
     else:
         ch.vhost.queue(m.queue, ch.reader)
+        home = await ch.vhost.check_queue_delete(q, if_unused=m.if_unused, if_empty=m.if_empty)
         await ch.cluster.check_writable()
-        count = ch.vhost.delete_queue(q, if_unused=m.if_unused, if_empty=m.if_empty)
+        # a queue homed on another node (worker) counts no messages here: its home's count
+        count = ch.vhost.delete_queue(q, if_unused=m.if_unused, if_empty=m.if_empty) or home
         await ch.cluster.commit()
     if not m.nowait:
         ch.send(commands.Queue.DeleteOk(message_count=count))

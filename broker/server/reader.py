@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import ssl
 import struct
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,9 @@ _CONTENT_HEAD = struct.Struct(">HHQ")  # class, weight, body size
 FRAME_PUBLISH = frames.FRAME_PUBLISH
 
 _ids = itertools.count(1)
+# the process in every connection's name: the workers of a multi-worker server share one
+# management API, whose /api/connections/{name} must not find another worker's namesake
+_NAME_PREFIX = f"conn-{os.getpid()}-"
 
 # Bytes a connection may read in bulk reads (a read of BULK_READ or more: the socket had more
 # waiting) before it waits for the next loop iteration: libuv reads a ready socket up to 32 times
@@ -91,7 +95,7 @@ class Reader(asyncio.Protocol):
         self.content_held = 0  # body bytes of incomplete messages, all channels
         self.max_message_size = node.settings.max_message_size
         self.loop = asyncio.get_running_loop()
-        self.name = f"conn-{next(_ids)}"
+        self.name = f"{_NAME_PREFIX}{next(_ids)}"
         self.state: ConnectionState = AWAIT_HEADER
         self.handshake = Handshake(self)  # channel 0 until connection.open-ok
         self._stream_lost = False  # a framing error: what follows cannot be parsed

@@ -170,21 +170,36 @@ class _DamagePartition(InputPartition):
 
 
 def plan(data_dir: Path, allow_live: bool) -> list[InputPartition]:
-    """The partitions of a read of `data_dir` (see the module docstring)."""
+    """The partitions of a read of `data_dir` (see the module docstring): a single node's
+    directory, or each worker's of a multi-worker server's (`w<i>/`, paths then start so)."""
     if not data_dir.is_dir():
         raise HareStoreError(f"hare-store: {data_dir} is not a directory")
+    nodes = layout.node_dirs(data_dir)
     marks = (layout.DEFINITIONS, layout.QUEUES, layout.MSG_STORE_PERSISTENT, layout.STREAMS)
-    if not any((data_dir / m).exists() for m in marks):
+    if not any((d / m).exists() for d in nodes for m in marks):
         raise HareStoreError(f"hare-store: {data_dir} is not a Hare data directory "
                              f"(none of {', '.join(marks)} in it)")
-    holder = layout.lock_holder(data_dir)
-    if holder is not None and not allow_live:
-        raise HareStoreError(
-            f"hare-store: {data_dir} belongs to a running broker (pid {holder} holds "
-            f"{layout.LOCK_FILE}); stop it, read a copy, or set allowLive=true to read the "
-            "files as they are (no consistent snapshot)")
-    names = _queue_names(data_dir)
-    store_dir = data_dir / layout.MSG_STORE_PERSISTENT
+    for d in dict.fromkeys([data_dir, *nodes]):  # a tree's parent holds the top's lock
+        holder = layout.lock_holder(d)
+        if holder is not None and not allow_live:
+            raise HareStoreError(
+                f"hare-store: {data_dir} belongs to a running broker (pid {holder} holds "
+                f"{layout.LOCK_FILE}); stop it, read a copy, or set allowLive=true to read "
+                "the files as they are (no consistent snapshot)")
+    parts: list[InputPartition] = []
+    damage: list[Damage] = []
+    for node_dir in nodes:
+        parts += _plan_node(data_dir, node_dir, damage)
+    if damage:
+        parts.append(_DamagePartition(damage))
+    return parts
+
+
+def _plan_node(data_dir: Path, node_dir: Path, damage: list[Damage]) -> list[InputPartition]:
+    """One node directory's partitions, paths relative to `data_dir`; its store's damage
+    onto `damage`."""
+    names = _queue_names(node_dir)
+    store_dir = node_dir / layout.MSG_STORE_PERSISTENT
     store = read_store(store_dir) if store_dir.is_dir() else StoreView(clean=False)
     store_rel = str(store_dir.relative_to(data_dir))
     for d in store.damage:
@@ -193,8 +208,8 @@ def plan(data_dir: Path, allow_live: bool) -> list[InputPartition]:
                     d.length, d.what)
     parts: list[InputPartition] = []
     owned, orphans = [], 0
-    for qdir in index_dirs(data_dir / layout.QUEUES):
-        owner = names.get(qdir.name) if qdir.parent == data_dir / layout.QUEUES else None
+    for qdir in index_dirs(node_dir / layout.QUEUES):
+        owner = names.get(qdir.name) if qdir.parent == node_dir / layout.QUEUES else None
         if owner is None:
             orphans += 1  # deleted during a crash: the next start removes it
             continue
@@ -207,7 +222,7 @@ def plan(data_dir: Path, allow_live: bool) -> list[InputPartition]:
             if store.locations:
                 part.refs = _refs(path, number, entries, store)
             parts.append(part)
-    streams_root = data_dir / layout.STREAMS
+    streams_root = node_dir / layout.STREAMS
     streams = sorted((names[d.name], d) for d in (
         streams_root.iterdir() if streams_root.is_dir() else ()) if d.name in names)
     for (vhost, queue), sdir in streams:
@@ -216,8 +231,7 @@ def plan(data_dir: Path, allow_live: bool) -> list[InputPartition]:
     if orphans:
         log.warning("hare-store: %d queue index director(y/ies) no durable queue owns "
                     "skipped (a restart deletes them)", orphans)
-    if store.damage:
-        parts.append(_DamagePartition(store.damage))
+    damage += store.damage
     return parts
 
 

@@ -18,7 +18,9 @@ __all__ = [
     "STREAMS",
     "TRANSIENT_QUEUES",
     "lock_holder",
+    "node_dirs",
     "queue_dir_name",
+    "worker_dir",
 ]
 
 LOCK_FILE = "hare.lock"  # flock held by the running broker (cli.py)
@@ -29,6 +31,20 @@ TRANSIENT_QUEUES = "transient_queues"  # page-outs of non-durable queues: wiped 
 MSG_STORE_PERSISTENT = "msg_store_persistent"  # bodies of persistent messages, durable queues
 MSG_STORE_TRANSIENT = "msg_store_transient"  # paged-out bodies: wiped at every start
 NODE_ID = "node_id"  # this directory's identity in a cluster (broker/cluster)
+
+
+def worker_dir(data_dir: Path, index: int) -> Path:
+    """Worker `index`'s own node directory in a multi-worker server's data directory (the
+    top keeps the parent's meta.log)."""
+    return Path(data_dir) / f"w{index}"
+
+
+def node_dirs(data_dir: Path) -> list[Path]:
+    """The node directories a data directory holds: each worker's of a multi-worker tree,
+    by index, else the directory itself (a single process's)."""
+    found = {int(p.name[1:]): p for p in Path(data_dir).glob("w[0-9]*")
+             if p.name[1:].isdigit() and p.is_dir()}
+    return [found[i] for i in sorted(found)] or [Path(data_dir)]
 
 
 def queue_dir_name(vhost: str, name: str) -> str:

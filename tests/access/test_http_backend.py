@@ -151,11 +151,14 @@ async def test_service_answers_logins_and_every_check(broker: MgmtBroker,
     who = await asyncio.to_thread(broker.get, "/api/whoami", user="alice", password="secret")
     assert who == {"name": "alice", "tags": ["management"]}
 
-    # answers are cached: a second login is not asked again
+    # answers are cached: a second login is not asked again (by the same process: each
+    # worker of a multi-worker server keeps its own cache, so it may ask once)
     logins = sum(1 for k, _ in service.asked if k == "user")
-    other = await aio_pika.connect(url(broker, "alice", "secret"))
-    assert sum(1 for k, _ in service.asked if k == "user") == logins
-    await other.close()
+    workers = len(broker.serving_pids())
+    others = [await aio_pika.connect(url(broker, "alice", "secret")) for _ in range(3)]
+    assert sum(1 for k, _ in service.asked if k == "user") - logins <= workers - 1
+    for c in others:
+        await c.close()
     await conn.close()
 
 

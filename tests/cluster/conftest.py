@@ -15,3 +15,11 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProc]:
     e = metadata_store(tmp_path_factory.mktemp("etcd")).start()
     yield e
     e.stop()
+
+
+@pytest.fixture(autouse=True)
+def one_process_per_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every node here is one process, whatever HARE_WORKERS the suite runs with (make
+    test-workers): hare-server refuses workers > 1 with cluster_etcd (a multi-worker server
+    is not yet an etcd member, docs/ARCHITECTURE.md "Process tree")."""
+    monkeypatch.delenv("HARE_WORKERS", raising=False)

@@ -159,3 +159,32 @@ async def test_lease_expired_while_cut_off(trio: tuple[ClusterNode, ...]) -> Non
         await asyncio.sleep(0.1)
     assert got is not None and got.body == b"after"
     await ca.close()
+
+
+def test_a_down_homes_queue_can_still_be_deleted(tmp_path, etcd: EtcdProc) -> None:  # type: ignore[no-untyped-def]
+    """queue.delete without if-empty / if-unused of a queue whose home is down: deleted, with
+    a count of 0 (delete-ok's count is asked of the home, which cannot answer); with either
+    flag there is nothing to judge by, so it is refused with the home-down 404."""
+    import pika
+    import pika.exceptions
+
+    a, b = (ClusterNode(tmp_path / n, etcd, "deldown", f"deldown-{n}").start() for n in "ab")
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(b.url))
+        for q in ("gone-q", "kept-q"):
+            conn.channel().queue_declare(q, durable=True)
+        conn.close()
+        wait_for(lambda: a.api("GET", "/api/queues/%2F/kept-q")[0] == 200, what="queues on a")
+        b.kill()
+        wait_for(lambda: not {n["name"]: n["running"] for n in a.get("/api/nodes")
+                              }["deldown-b"], timeout=20, what="b down")
+        conn = pika.BlockingConnection(pika.URLParameters(a.url))
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            conn.channel().queue_delete("kept-q", if_empty=True)
+        assert refused.value.reply_code == 404
+        assert conn.channel().queue_delete("gone-q").method.message_count == 0
+        conn.close()
+        assert a.api("GET", "/api/queues/%2F/gone-q")[0] == 404
+    finally:
+        b.kill()
+        a.stop()

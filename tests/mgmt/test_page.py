@@ -48,7 +48,7 @@ async def test_page_shows_queue_depth(mgmt: MgmtBroker, tmp_path: Path) -> None:
     assert 'id="login" hidden' in dom  # logged in from the URL
     # the overview figures and our own connection are there too
     assert re.search(r"<b>\d+</b>Queues", dom)
-    conn_row = re.search(r"<tr><td>conn-\d+</td><td>/</td><td>guest</td>.*?</tr>", dom)
+    conn_row = re.search(r"<tr><td>conn-[\d-]+</td><td>/</td><td>guest</td>.*?</tr>", dom)
     assert conn_row and "aiormq" in conn_row.group(0), dom[-3000:]
 
     wrong = f"http://127.0.0.1:{mgmt.mgmt_port}/?user=guest&pass=nope"
@@ -79,7 +79,7 @@ async def test_page_shows_a_management_user_its_own_scope(mgmt: MgmtBroker,
     dom = await asyncio.to_thread(dump_dom, url, tmp_path / "profile")
     assert f"<td>{vhost}</td><td>page.mine</td>" in dom, dom[-3000:]
     assert "page.hidden" not in dom
-    conns = re.findall(r"<tr><td>conn-\d+</td><td>([^<]*)</td><td>([^<]*)</td>", dom)
+    conns = re.findall(r"<tr><td>conn-[\d-]+</td><td>([^<]*)</td><td>([^<]*)</td>", dom)
     assert conns == [(vhost, user)]
     assert f"{user} (management)" in dom
     assert "hare@" not in dom  # no node name

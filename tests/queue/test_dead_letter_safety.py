@@ -19,9 +19,9 @@ from pika.exceptions import ChannelClosedByBroker
 from broker.message import Message
 from broker.protocol.frames import FrameCutter, decode_method
 from broker.protocol.properties import MAX_TABLE_DEPTH
-from broker.store.layout import queue_dir_name
 from broker.store.queue_index import QueueIndex
 from tests.amqp_raw import RawClient, raw_frame
+from tests.conftest import BrokerProc
 from tests.mgmt.helpers import MgmtBroker
 
 
@@ -196,10 +196,10 @@ def test_table_at_the_limit_through_ttl_headers_exchange_and_management(tmp_path
 
 
 # -- a message that cannot be dead-lettered stays ------------------------------------------------
-def plant(data_dir, queue: str, props: bytes, body: bytes) -> None:
+def plant(b: BrokerProc, queue: str, props: bytes, body: bytes) -> None:
     """Append one message to a stopped broker's durable queue the way an older broker that did
     not check property blocks would have stored it."""
-    index = QueueIndex(data_dir / "queues" / queue_dir_name("/", queue))
+    index = QueueIndex(b.queue_dir(queue))
     index.recover()
     seq = index.bounds()[1]
     msg = Message("", queue, props, body)
@@ -222,7 +222,7 @@ def test_message_that_cannot_be_dead_lettered_stays_where_it_was(tmp_path):
     assert count(c, "legacy-src") == 1
     c.close()
     b.stop()
-    plant(b.data_dir, "legacy-src", b"\x20\x00\x00\x00\x00\x03\x01aZ", b"legacy")
+    plant(b, "legacy-src", b"\x20\x00\x00\x00\x00\x03\x01aZ", b"legacy")
     b.start()
     c = RawClient(b.port)
     c.handshake()

@@ -9,6 +9,8 @@ import time
 import pika
 import pytest
 
+from broker.store.layout import TRANSIENT_QUEUES
+
 
 def connect(b) -> pika.BlockingConnection:
     return pika.BlockingConnection(pika.URLParameters(b.url + "%2F?heartbeat=0"))
@@ -95,7 +97,7 @@ def test_paging_keeps_priority_order(broker_factory):
     for i in range(0, len(items), 200):
         publish(ch, q, items[i:i + 200], delivery_mode=2 if i % 400 else 1)
         time.sleep(0.1)  # let the memory monitor page between batches
-    paged = list((b.data_dir / "transient_queues").rglob("*.hqi"))
+    paged = [f for d in b.node_dirs() for f in (d / TRANSIENT_QUEUES).rglob("*.hqi")]
     assert paged, "nothing was paged out"
     assert [n for n, _ in get_all(ch, q)] == expected(items, 9)
     c.close()

@@ -16,6 +16,7 @@ import pika.exceptions
 import pytest
 from mgmt.helpers import MgmtBroker
 
+from broker.store.layout import STREAMS
 from tests.conftest import BrokerProc
 
 STREAM = {"x-queue-type": "stream"}
@@ -316,7 +317,7 @@ def test_confirmed_messages_survive_a_restart_with_their_offsets(tmp_path: Path,
         publish(b.url, "st.durable", [b"after"])
         assert [(o, body) for o, body, _ in consume(b.url, "st.durable", 300)] == [
             (300, b"m300"), (301, b"after")]
-        segments = list((tmp_path / "data" / "streams").glob("*/*.hstr"))
+        segments = list(b.queue_dir("st.durable", STREAMS).glob("*.hstr"))
         assert len(segments) > 2  # rolled at 4000 bytes
     finally:
         b.stop()

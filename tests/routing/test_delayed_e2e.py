@@ -155,18 +155,20 @@ def test_confirmed_persistent_delayed_messages_survive_a_restart(fresh_broker, c
     b = fresh_broker.start()
     ch = confirming_channel(b.url)
     durable_delayed_to_queue(ch)
+    # delays well past a restart: a parent and two workers (HARE_WORKERS=2) take 3-5 s on a
+    # loaded machine, one process about 1 s
     for i in range(30):
         ch.basic_publish("dx", "k", str(i).encode(), pika.BasicProperties(
-            delivery_mode=2, headers={"x-delay": 1500 if i % 2 else 2500}))
-    ch.basic_publish("dx", "k", b"transient", pika.BasicProperties(headers={"x-delay": 1500}))
+            delivery_mode=2, headers={"x-delay": 8000 if i % 2 else 9000}))
+    ch.basic_publish("dx", "k", b"transient", pika.BasicProperties(headers={"x-delay": 8000}))
     ch.connection.close()
     b.restart(clean=clean)
     ch = confirming_channel(b.url)
     assert depth(ch, "dq") == 0  # still held
-    wait_depth(ch, "dq", 30, timeout=10)
+    wait_depth(ch, "dq", 30, timeout=20)
     time.sleep(0.2)
     got = [ch.basic_get("dq", auto_ack=True) for _ in range(depth(ch, "dq"))]
     bodies = [body for _m, _p, body in got]
     assert sorted(int(x) for x in bodies) == list(range(30))  # the transient one is gone
-    assert {p.headers["x-delay"] for _m, p, _b in got} == {-1500, -2500}
+    assert {p.headers["x-delay"] for _m, p, _b in got} == {-8000, -9000}
     ch.connection.close()

@@ -16,7 +16,7 @@ import pytest
 from aio_pika import DeliveryMode, Message
 
 from broker.spark.columns import header_strings
-from broker.store.layout import queue_dir_name
+from broker.store.layout import STREAMS, queue_dir_name
 from broker.store.queue_index_format import FILE_HEADER_SIZE
 from tests.conftest import BrokerProc
 
@@ -160,10 +160,17 @@ def snapshot(data: Path) -> dict[str, bytes]:
             for p in sorted(data.rglob("*")) if p.is_file() and p.name != "hare.lock"}
 
 
-@pytest.mark.parametrize("stop", ["sigterm", "kill9"])
+@pytest.mark.parametrize("stop", ["sigterm", "kill9", "workers"])
 async def test_rows_equal_what_the_broker_serves_after_a_restart(spark, tmp_path, stop) -> None:
+    """`workers`: a 2-worker server with its queues spread (balanced), stopped by SIGTERM:
+    the read walks each worker's directory."""
     (tmp_path / "hare.toml").write_text(CONFIG)
-    b = BrokerProc(tmp_path / "data", ["--config", str(tmp_path / "hare.toml")]).start()
+    spread = ["--workers", "2", "--queue-master-locator", "balanced"] if stop == "workers" else []
+    b = BrokerProc(tmp_path / "data", ["--config", str(tmp_path / "hare.toml"), *spread])
+    b.start(60)
+    if stop == "workers":
+        stop = "sigterm"
+        assert len(b.serving_pids()) == 2
     try:
         holders = await fill(b)
         if stop == "sigterm":
@@ -178,7 +185,7 @@ async def test_rows_equal_what_the_broker_serves_after_a_restart(spark, tmp_path
         assert snapshot(b.data_dir) == before  # read only
         if stop == "sigterm":
             assert [(t[2], t[3]) for t in got] == expected()
-        b.start()
+        b.start(60)
         assert got == await served(b)
     finally:
         b.kill()
@@ -207,9 +214,13 @@ async def test_where_each_body_is_and_the_queue_names(spark, tmp_path) -> None:
     assert [(r.vhost, r.queue, r.seq_id, r.size, r.exchange, r.routing_key) for r in got] == [
         ("/", "q", 0, 10, "", "q"), ("/", "q", 1, 9000, "", "q")]
     small, big = got
-    assert small.file.startswith(f"queues/{queue_dir_name('/', 'q')}/")
+    index = b.queue_dir("q")  # data/queues/<hash>, or a worker's: data/w1/queues/<hash>
+    node = index.parent.parent.relative_to(b.data_dir)
+    assert index.name == queue_dir_name("/", "q")
+    assert small.file.startswith(f"{index.relative_to(b.data_dir)}/")
     assert small.file.endswith(".hqi") and small.offset >= FILE_HEADER_SIZE
-    assert big.file.startswith("msg_store_persistent/") and big.file.endswith(".hseg")
+    assert big.file.startswith(f"{node / 'msg_store_persistent'}/")
+    assert big.file.endswith(".hseg")
     with open(b.data_dir / big.file, "rb") as f:  # the record's payload ends with the body
         f.seek(big.offset)
         assert f.read(25 + 9000 + 200).find(bytes(big.body)) > 0
@@ -229,7 +240,7 @@ async def stopped_dir(tmp_path: Path, sizes: list[int], kill: bool = False) -> P
         await conn.close()
     finally:
         b.kill() if kill else b.stop()
-    return b.data_dir
+    return b.queue_dir("q").parent.parent  # the node directory (a worker's, at workers > 1)
 
 
 async def test_damage_is_a_row_with_file_and_offset_never_a_crash(spark, tmp_path) -> None:
@@ -343,7 +354,7 @@ def test_streams_offsets_and_times(spark, tmp_path, stop) -> None:
             assert b.stop() == 0
         else:
             b.kill()
-        stream_dir = b.data_dir / "streams" / queue_dir_name("/", "events")
+        stream_dir = b.queue_dir("events", STREAMS)
         segments = sorted(stream_dir.glob("*.hstr"))
         assert len(segments) > 2
         df = read(spark, b.data_dir).where("queue = 'events'").orderBy("stream_offset")
@@ -357,7 +368,8 @@ def test_streams_offsets_and_times(spark, tmp_path, stop) -> None:
         times = [r.stream_time.replace(tzinfo=dt.UTC) for r in got]
         assert times == sorted(times)
         assert before - dt.timedelta(seconds=1) <= times[0] and times[-1] <= after
-        assert got[0].file.startswith("streams/") and got[0].file.endswith(".hstr")
+        assert got[0].file.startswith(f"{stream_dir.parent.relative_to(b.data_dir)}/")
+        assert got[0].file.endswith(".hstr")
 
         # what a consumer from the first offset gets after a restart
         b.start()

@@ -33,7 +33,7 @@ def test_damaged_body_is_set_aside_and_the_next_message_delivered(tmp_path: Path
     b.stop()
 
     # overwrite 64 bytes in the middle of the second record
-    store = tmp_path / "data" / "msg_store_persistent"
+    store = b.queue_dir("q.damaged").parent.parent / "msg_store_persistent"  # its node's
     [segment] = sorted(store.glob("*.hseg"))
     raw = bytearray(segment.read_bytes())
     records = sorted(scan_records(bytes(raw)).records, key=lambda r: r[1])
@@ -76,7 +76,7 @@ def test_damaged_body_is_set_aside_and_the_next_message_delivered(tmp_path: Path
                            str(tmp_path / "data")], capture_output=True, text=True, cwd=ROOT,
                           timeout=30)
     report = json.loads(done.stdout)
-    [persistent] = [r for r in report if r["directory"].endswith("msg_store_persistent")]
+    [persistent] = [r for r in report if r["directory"] == str(store)]
     assert [m["msg_id"] for m in persistent["quarantined_messages"]] == [f"{msg_id:032x}"]
     assert persistent["quarantined"] == []
     text = subprocess.run([sys.executable, "-m", "broker.ctl", "verify", str(tmp_path / "data")],

@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
+from tests.conftest import children, workers
 from tests.mgmt.helpers import MgmtBroker
 
-WORKER_ENV = "_HARE_WORKER"
-
-
-def children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(x) for x in text.split()]
+__all__ = ["WorkersBroker", "alive", "children", "process_tree_gone", "wait_for", "workers"]
 
 
 def alive(pid: int) -> bool:
@@ -26,21 +18,6 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def workers(parent: int) -> dict[int, int]:
-    """Worker index -> pid, read from each child's environment (the metadata service is a
-    child too, without the variable)."""
-    found: dict[int, int] = {}
-    for pid in children(parent):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        for entry in env:
-            if entry.startswith(WORKER_ENV.encode() + b"="):
-                found[json.loads(entry.split(b"=", 1)[1])["index"]] = pid
-    return found
 
 
 def wait_for(check: object, timeout: float = 30.0, what: str = "condition") -> None:

@@ -145,7 +145,7 @@ def test_sigterm_stops_every_worker(two: WorkersBroker) -> None:
 
 def test_parent_killed_workers_stop(two: WorkersBroker) -> None:
     pids = list(two.workers().values())
-    two.kill()
+    two.kill(tree=False)
     wait_for(lambda: not any(alive(p) for p in pids), what="workers gone with their parent")
 
 
@@ -309,7 +309,7 @@ def test_parent_killed_and_started_again_at_once(tmp_path: Path) -> None:
             ch.basic_publish("", "cq", b"%d" % i, pika.BasicProperties(delivery_mode=2))
         c.close()
         assert len(b.get("/api/queues/%2F/qq")["members"]) == 1
-        b.kill()
+        b.kill(tree=False)  # the workers stop on their own, while the new ones start
         b.start()
         c = _connect(b)
         ch = c.channel()
@@ -386,6 +386,65 @@ def test_exclusive_consumers_hold_across_workers(two: WorkersBroker) -> None:
     consume(other, exclusive=True)
     home.close()
     other.close()
+
+
+def test_shovels_to_this_server_log_in_on_any_worker(two: WorkersBroker) -> None:
+    """A shovel's `amqp://` (this server, as the defining user, with the direct secret)
+    connects to the shared port, so its source and destination land on either worker: the
+    workers share the secret. Four shovels, eight connections: some cross workers; none
+    tries again (reconnect-delay 0), so one refused login would leave its message behind."""
+    conn = _connect(two)
+    ch = conn.channel()
+    for i in range(4):
+        ch.queue_declare(f"sv-src-{i}")
+        ch.queue_declare(f"sv-dst-{i}")
+        status, _ = two.api("PUT", f"/api/parameters/shovel/%2F/sv-{i}", {"value": {
+            "src-uri": "amqp://", "src-queue": f"sv-src-{i}",
+            "dest-uri": "amqp://", "dest-queue": f"sv-dst-{i}", "reconnect-delay": 0}})
+        assert status == 201
+        ch.basic_publish("", f"sv-src-{i}", b"moved")
+    wait_for(lambda: all(ch.queue_declare(f"sv-dst-{i}", passive=True).method.message_count
+                         == 1 for i in range(4)),
+             what="every shovel moved its message")
+    conn.close()
+
+
+def test_delete_if_empty_or_unused_judges_the_home_queue(two: WorkersBroker) -> None:
+    """queue.delete if-empty / if-unused (and the management API's) from another worker than
+    the queue's: its messages and consumers are at home, so both are refused there too, and
+    delete-ok counts the home's messages."""
+    (_, home), (_, other) = sorted(_one_per_worker(two).items())
+    hch = home.channel()
+    hch.queue_declare("keep-me")
+    hch.confirm_delivery()
+    hch.basic_publish("", "keep-me", b"m")
+    for flags in ({"if_empty": True}, {"if_unused": True}):
+        if "if_unused" in flags:
+            hch.basic_consume("keep-me", lambda *_: None)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            other.channel().queue_delete("keep-me", **flags)
+        assert refused.value.reply_code == 406
+    status, _ = two.api("DELETE", "/api/queues/%2F/keep-me?if-unused=true")
+    assert status == 400  # whichever worker answers
+    assert hch.queue_declare("keep-me", passive=True).method.consumer_count == 1
+    hch.queue_declare("count-me")
+    for _ in range(3):
+        hch.basic_publish("", "count-me", b"m")
+    # delete-ok counts the messages deleted at home
+    assert other.channel().queue_delete("count-me").method.message_count == 3
+    for c in (home, other):
+        c.close()
+
+
+def test_connection_names_are_the_whole_servers(two: WorkersBroker) -> None:
+    """Each worker numbers its connections; the names the management API lists (and
+    /api/connections/{name} finds) carry the process, so no two workers' are alike and a
+    close by name cannot reach another worker's namesake."""
+    conns = [_connect(two) for _ in range(6)]
+    names = [c["name"] for c in two.get("/api/connections")]
+    assert len(names) == 6 and len(set(names)) == 6, names
+    for c in conns:
+        c.close()
 
 
 def test_metrics_are_the_whole_servers(two: WorkersBroker) -> None:
