@@ -45,3 +45,14 @@ def term_at(proc: subprocess.Popen[str], log: Path, event: str, timeout: float =
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     return proc.returncode, out
+
+
+def stopped_while_starting(b: BrokerProc, event: str) -> str:
+    """`b` spawned and sent SIGTERM at `event` of its start: the start stopped cleanly (exit 0,
+    no "listening" line, the shutdown noted in the log). Returns the log."""
+    code, out = term_at(spawn(b), b.log_path, event)
+    log = b.log_path.read_text()
+    assert code == 0, log[-3000:]
+    assert "listening" not in out
+    assert '"event": "shutdown requested while starting"' in log
+    return log

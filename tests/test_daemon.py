@@ -18,7 +18,13 @@ from aio_pika import DeliveryMode, Message
 
 from broker.store.layout import LOCK_FILE
 from tests.conftest import ROOT
-from tests.start_stop_helpers import PER_QUEUE, QUEUES, fill, spawn, term_at
+from tests.start_stop_helpers import (
+    PER_QUEUE,
+    QUEUES,
+    fill,
+    spawn,
+    stopped_while_starting,
+)
 
 
 def _run(args: list[str], timeout: float = 20) -> subprocess.CompletedProcess[str]:
@@ -93,12 +99,7 @@ def test_sigterm_while_recovering_stops_cleanly(fresh_broker):
     fresh_broker.start()
     fill(fresh_broker)
     assert fresh_broker.stop() == 0
-    proc = spawn(fresh_broker)
-    code, out = term_at(proc, fresh_broker.log_path, "msg_store_started")
-    log = fresh_broker.log_path.read_text()
-    assert code == 0, log[-3000:]
-    assert "listening" not in out
-    assert '"event": "shutdown requested while starting"' in log
+    log = stopped_while_starting(fresh_broker, "msg_store_started")
     assert '"event": "msg_store_stopped"' in log  # closed, not dropped
     fresh_broker.start(timeout=60)
     lines = [json.loads(x) for x in fresh_broker.log_path.read_text()[len(log):].splitlines()]

@@ -82,8 +82,9 @@ def test_methods_have_one_shape(proto: type, cls: type) -> None:
         assert callable(impl), f"{cls.__name__}.{name} is not a method"
         assert (inspect.iscoroutinefunction(impl)
                 == inspect.iscoroutinefunction(member)), f"{cls.__name__}.{name}"
-        if cls.__module__ in compiled.loaded() and not inspect.signature(impl).parameters:
-            continue  # a coroutine compiled by mypyc shows no signature: test-fallback's run
+        owner = next(k for k in cls.__mro__ if name in k.__dict__)  # QuorumQueue inherits
+        if owner.__module__ in compiled.loaded() and not inspect.signature(impl).parameters:
+            continue  # a coroutine compiled by mypyc shows no signature: test-workers' run
         assert _params(impl) == _params(member), f"{cls.__name__}.{name}: parameters"
 
 
