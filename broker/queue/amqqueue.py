@@ -233,12 +233,8 @@ class AMQQueue:
     def publish_now(self, channel: PublishingChannel, items: list[tuple[Message, int]]) -> None:
         """Taken now; a task waiting on an empty mailbox is not woken for it, so it spends no
         empty turn in the next iteration ahead of the writers' flush of these deliveries."""
-        mailbox = self.mailbox
-        if mailbox.idle:
-            mailbox.put_quiet(("pubs", channel, items))
-        else:
-            mailbox.put(("pubs", channel, items))
-        self.drain()
+        self.mailbox.put_quiet(("pubs", channel, items))
+        self.drain()  # takes it with anything queued before it, in order
 
     def wake(self) -> None:
         """Consumer capacity changed: try delivering again (coalesced)."""
