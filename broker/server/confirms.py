@@ -2,10 +2,13 @@
 
 A publish in confirm mode is recorded with the number of queues it went to, `pending[seq] =
 queues` (a plain store: the publish path pays no call for it); each queue settles it once
-(confirm, reject, or lost when its node is gone). Once every queue has confirmed it, it is
-confirmed; a rejection or the last queue lost nacks it. `take` answers what to send: the
-nacks, and the acks with whether one basic.ack multiple=true may cover a run of them. The
-channel encodes and sends the frames."""
+(confirm, reject, or lost when its node is gone). Once every queue has settled it, it is
+confirmed if at least one queue confirmed it and none rejected it; a rejection, or every queue
+lost, nacks it. A lost queue can be told after another queue already confirmed the publish (a
+queue confirms a transient message as it takes it), so the ledger remembers, for a publish still
+waited on, that some queue has it (`_reached`; only publishes routed to several queues get there).
+`take` answers what to send: the nacks, and the acks with whether one basic.ack multiple=true
+may cover a run of them. The channel encodes and sends the frames."""
 
 from __future__ import annotations
 
@@ -15,12 +18,13 @@ __all__ = ["Confirms"]
 
 
 class Confirms:
-    __slots__ = ("_acks", "_nacks", "pending")
+    __slots__ = ("_acks", "_nacks", "_reached", "pending")
 
     def __init__(self) -> None:
         self.pending: OrderedDict[int, int] = OrderedDict()  # seq -> queues yet to settle it
         self._acks: list[int] = []
         self._nacks: list[int] = []
+        self._reached: set[int] = set()  # pending publishes some queue has confirmed
 
     def __len__(self) -> int:
         """Publishes not yet settled (management's messages_unconfirmed)."""
@@ -33,6 +37,7 @@ class Confirms:
     def confirm(self, seqs: list[int]) -> None:
         """One queue has these (a seq it does not hold, or already settled, is ignored)."""
         pending = self.pending
+        reached = self._reached
         for seq in seqs:
             left = pending.get(seq)
             if left is None:
@@ -40,22 +45,30 @@ class Confirms:
             if left == 1:
                 del pending[seq]
                 self._acks.append(seq)
+                if reached:
+                    reached.discard(seq)
             else:
                 pending[seq] = left - 1
+                reached.add(seq)
 
     def reject(self, seqs: list[int]) -> None:
         """A queue refused these: nacked whatever the other queues do."""
         for seq in seqs:
             if self.pending.pop(seq, None) is not None:
                 self._nacks.append(seq)
+                self._reached.discard(seq)
 
     def lost(self, seq: int) -> None:
-        """A queue that will never answer: nacked if it was the last one waited for, else the
-        others decide."""
+        """A queue that will never answer: if it was the last one waited for, confirmed when
+        another queue has it and nacked when none has; else the others decide."""
         left = self.pending.get(seq)
         if left == 1:
             del self.pending[seq]
-            self._nacks.append(seq)
+            if seq in self._reached:
+                self._reached.remove(seq)
+                self._acks.append(seq)
+            else:
+                self._nacks.append(seq)
         elif left is not None:
             self.pending[seq] = left - 1
 

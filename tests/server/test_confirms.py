@@ -53,6 +53,20 @@ def test_lost_nacks_only_when_no_queue_is_left_to_confirm() -> None:
     assert c.take() == ([], [(1, False)])
 
 
+def test_a_queue_lost_after_another_confirmed_leaves_it_confirmed() -> None:
+    # a local queue confirms a transient message as it takes it, before a down home's queue
+    # is told lost in the same hand-over
+    c = Confirms()
+    c.pending[1] = 2
+    c.pending[2] = 3
+    c.confirm([1, 2])
+    c.lost(1)
+    assert c.take() == ([], [(1, False)])
+    c.lost(2)
+    c.lost(2)
+    assert c.take() == ([], [(2, False)]) and len(c) == 0 and not c._reached
+
+
 def test_unroutable_publishes_settle_at_once() -> None:
     c = Confirms()
     c.settled(2, False)
