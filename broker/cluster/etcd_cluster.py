@@ -23,7 +23,7 @@ from broker.cluster.etcd import Etcd, EtcdUnavailable, WatchCompacted, WatchEven
 from broker.cluster.link import Link, LinkError, Links
 from broker.cluster.local import self_card
 from broker.cluster.membership import Member, Membership
-from broker.cluster.metadata import ClusterMetadata
+from broker.cluster.metadata import ClusterMetadata, cluster_root
 from broker.cluster.quorum import QuorumCoordinator, choose_members, is_quorum
 from broker.cluster.remote_queue import RemoteQueue
 from broker.queue.amqqueue import AMQQueue
@@ -67,7 +67,7 @@ class EtcdCluster:
         s = node.settings
         self.node = node
         self.name = s.cluster_name
-        self.root = f"/hare/{s.cluster_name}/"
+        self.root = cluster_root(s.cluster_name)
         self.etcd = Etcd([u.strip() for u in s.cluster_etcd.split(",") if u.strip()],
                          token=s.cluster_etcd_token)
         self._started_ms = 0
@@ -123,6 +123,8 @@ class EtcdCluster:
             kvs, _ = await self.etcd.get_prefix(self.metadata.prefix)
             if not kvs:
                 await self.metadata.seed()
+            else:
+                await self.metadata.rehome(kvs, self.membership.old_names)
             await self._read_all()
         except EtcdUnavailable as exc:
             log.warning("etcd unreachable at start: serving the definitions kept on disk",
