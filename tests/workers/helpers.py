@@ -5,10 +5,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.conftest import children, workers
+import pika
+
+from tests.conftest import BrokerProc, children, workers
 from tests.mgmt.helpers import MgmtBroker
 
-__all__ = ["WorkersBroker", "alive", "children", "process_tree_gone", "wait_for", "workers"]
+__all__ = ["WorkersBroker", "alive", "children", "connect", "one_per_worker", "process_tree_gone",
+           "wait_for", "workers"]
 
 
 def alive(pid: int) -> bool:
@@ -51,3 +54,24 @@ class WorkersBroker(MgmtBroker):
 
 def process_tree_gone(pids: list[int]) -> bool:
     return not any(alive(p) for p in pids)
+
+
+def connect(b: BrokerProc) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(b.url + "%2F?heartbeat=0"))
+
+
+def one_per_worker(b: WorkersBroker) -> dict[str, pika.BlockingConnection]:
+    """Connections until one landed on each worker (each declares an exclusive queue, which
+    lives on its connection's worker, and the management API says where)."""
+    found: dict[str, pika.BlockingConnection] = {}
+    for i in range(60):
+        conn = connect(b)
+        conn.channel().queue_declare(f"probe-{i}", exclusive=True)
+        node = b.node_of(f"probe-{i}")
+        if node in found:
+            conn.close()
+        else:
+            found[node] = conn
+        if len(found) == b.count:
+            return found
+    raise AssertionError(f"60 connections landed on {sorted(found)} only")
