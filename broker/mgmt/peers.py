@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["OP", "all_consumers", "auth_counts", "client_consumers", "close_peer_connection",
            "peer_connection", "peer_items", "peer_nodes", "peer_totals", "quarantined",
-           "queues_from_homes", "register"]
+           "queues_from_homes", "register", "store_figures"]
 
 OP = "mgmt_part"
 
@@ -51,7 +51,7 @@ async def _answer(node: Node, stats: Stats, m: dict[str, Any]) -> dict[str, Any]
                 "consumers": client_consumers(node, list(node.vhosts.values())),
                 # what /metrics sums over the nodes (workers) besides
                 "rss": process_memory(), "alarms": sorted(node.alarms_active()),
-                "auth": auth_counts(node)}
+                "auth": auth_counts(node), "stores": store_figures(node)}
     if kind == "node":  # its own /api/nodes row (the others' cards carry no figures)
         return {"row": node_json(node), "auth": auth_counts(node)}
     if kind == "connection":
@@ -102,6 +102,19 @@ def auth_counts(node: Node) -> dict[str, list[int]]:
 async def peer_nodes(node: Node) -> list[dict[str, Any]]:
     """Each peer's own /api/nodes row ("row") and login attempts ("auth", auth_counts)."""
     return [a for a in await node.cluster.ask_peers(OP, {"kind": "node"}) if "row" in a]
+
+
+STORE_FIGURES = ("bytes", "garbage_bytes", "quarantined_messages")
+
+
+def store_figures(node: Node) -> dict[str, dict[str, int]]:
+    """What /metrics shows of each message store of this node, by store name (a
+    multi-worker server's workers each have theirs: /metrics sums them)."""
+    out: dict[str, dict[str, int]] = {}
+    for store in stores(node):
+        st = store.stats()
+        out[store.name] = {key: int(st.get(key, 0)) for key in STORE_FIGURES}
+    return out
 
 
 def quarantined(node: Node) -> list[dict[str, Any]]:

@@ -141,9 +141,19 @@ def test_a_vhosts_message_counts_are_every_workers(two: WorkersBroker) -> None:
     conn.close()
 
 
+def test_the_aliveness_test_queue_is_the_servers(two: WorkersBroker) -> None:
+    """/api/aliveness-test declares its queue in the cluster, as a PUT does: one queue,
+    which every worker finds (each worker declared one of its own, unknown to the other)."""
+    for _ in range(REPEAT):
+        assert two.api("GET", "/api/aliveness-test/%2F") == (200, {"status": "ok"})
+        q = two.get("/api/queues/%2F/aliveness-test")
+        assert (q["messages"], q["durable"]) == (0, False)
+    assert [q["name"] for q in two.get("/api/queues/%2F")].count("aliveness-test") == 1
+
+
 def test_every_workers_quarantined_messages_are_listed(tmp_path: Path) -> None:
     """A damaged body in each worker's store: /api/quarantine lists both, each with its
-    worker (each worker listed its own store's only)."""
+    worker, and /metrics counts both (each worker listed and counted its own store's only)."""
     b = WorkersBroker(tmp_path / "data", 2).start()
     try:
         conns = one_per_worker(b)
@@ -179,6 +189,9 @@ def test_every_workers_quarantined_messages_are_listed(tmp_path: Path) -> None:
             assert {m["msg_id"]: m["queue"] for m in listed} == {
                 msg_id: queue for msg_id, (_, queue) in damaged.items()}
             assert {m["msg_id"]: (m["node"], m["queue"]) for m in listed} == damaged
+            # and /metrics counts both workers' stores
+            assert 'hare_store_quarantined_messages{store="persistent"} 2.0' in (
+                b.raw("/metrics")[2].splitlines())
         conn.close()
     finally:
         b.kill()
