@@ -195,3 +195,19 @@ def test_every_workers_quarantined_messages_are_listed(tmp_path: Path) -> None:
         conn.close()
     finally:
         b.kill()
+
+
+def test_an_http_publish_is_answered_once_its_queue_has_it(two: WorkersBroker) -> None:
+    """A publish through one worker to a queue homed on the other is answered after the home
+    took it (as RabbitMQ's answers after its publisher confirm), so a get right after, which
+    may land on the home directly, finds it; before, the get could beat the link."""
+    assert two.api("PUT", "/api/queues/%2F/http-pub", {"durable": True})[0] == 201
+    body = "x" * (256 * 1024)
+    for i in range(2 * REPEAT):
+        status, answer = two.api("POST", "/api/exchanges/%2F/amq.default/publish", {
+            "routing_key": "http-pub", "payload": f"{i}{body}", "payload_encoding": "string",
+            "properties": {"delivery_mode": 2}})
+        assert (status, answer) == (200, {"routed": True})
+        status, got = two.api("POST", "/api/queues/%2F/http-pub/get", {
+            "count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"})
+        assert status == 200 and [m["payload"] for m in got] == [f"{i}{body}"]
