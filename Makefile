@@ -36,7 +36,7 @@ uncompile:
 # failures at workers = 2 (docs/ARCHITECTURE.md, "The suite at workers = 2"); a directory joins
 # this list when it passes. Tests that build their own topology (--workers, clusters) keep theirs.
 WORKERS_TESTS := tests/test_compiled.py tests/protocol tests/flow tests/queue tests/routing \
-	tests/server tests/policy tests/config tests/workers tests/perf tests/bench
+	tests/server tests/policy tests/config tests/workers tests/perf tests/bench tests/conformance
 test-workers: $(STAMP)
 	HARE_PURE_PYTHON=1 HARE_TEST_EXPECT_BUILD=python HARE_WORKERS=2 \
 	    $(BIN)/python -m pytest -q -rs $(WORKERS_TESTS)
