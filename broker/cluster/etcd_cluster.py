@@ -21,7 +21,7 @@ import structlog
 
 from broker.cluster.etcd import Etcd, EtcdUnavailable, WatchCompacted, WatchEvent, sleep_backoff
 from broker.cluster.link import Link, LinkError, Links
-from broker.cluster.local import self_card
+from broker.cluster.local import rendezvous, self_card
 from broker.cluster.membership import Member, Membership
 from broker.cluster.metadata import ClusterMetadata, cluster_root
 from broker.cluster.quorum import QuorumCoordinator, choose_members, is_quorum
@@ -428,6 +428,7 @@ class EtcdCluster:
             self.links.node_down(name)
             self._drop_exclusive_of(name)
         self.quorum.node_changed(name, running)
+        self.node.events.nodes_changed.notify((name, running))
 
     def _drop_exclusive_of(self, name: str) -> None:
         """A node that went down took its connections, so its exclusive queues are gone:
@@ -476,6 +477,12 @@ class EtcdCluster:
                  if x is not None]
         answers = await asyncio.gather(*(ask(x) for x in peers))
         return [a for a in answers if a is not None]
+
+    def runner(self, key: str, *, same_server: bool = False) -> str:
+        running = self.membership.running
+        nodes = [n for n in running if not same_server
+                 or running[n].get("server", n) == self.node.server]
+        return rendezvous(key, [*{*nodes, self.node.name}])
 
     async def settled(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

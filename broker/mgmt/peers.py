@@ -31,9 +31,9 @@ if TYPE_CHECKING:
     from broker.node import Node
     from broker.vhost import VHost
 
-__all__ = ["OP", "all_consumers", "auth_counts", "client_consumers", "close_peer_connection",
-           "peer_connection", "peer_items", "peer_nodes", "peer_totals", "quarantined",
-           "queues_from_homes", "register", "store_figures"]
+__all__ = ["OP", "STATUS_OP", "all_consumers", "all_status", "auth_counts", "client_consumers",
+           "close_peer_connection", "peer_connection", "peer_items", "peer_nodes", "peer_totals",
+           "quarantined", "queues_from_homes", "register", "register_status", "store_figures"]
 
 OP = "mgmt_part"
 
@@ -220,4 +220,28 @@ async def all_consumers(node: Node, only: QueueKey = None) -> list[dict[str, Any
             if seen is not None:
                 c["active"], c["activity_status"] = seen
             out.append(c)
+    return out
+
+
+# -- plugins' status rows (shovels, federation links): each node lists what runs on it -------
+STATUS_OP = "parameter_status"
+
+
+def register_status(node: Node) -> None:
+    node.peer_handlers[STATUS_OP] = partial(_status_here, node)
+
+
+async def _status_here(node: Node, m: dict[str, Any]) -> dict[str, Any]:
+    component = node.parameter_components.get(str(m.get("component")))
+    return {"json": dumps(component.status() if component is not None else [])}
+
+
+async def all_status(node: Node, component: str) -> list[dict[str, Any]]:
+    """Every node's status rows of a parameter component (its running shovels or links),
+    this node's first: a shovel or link runs on one node of the cluster."""
+    here = node.parameter_components.get(component)
+    out: list[dict[str, Any]] = list(here.status()) if here is not None else []
+    for answer in await node.cluster.ask_peers(STATUS_OP, {"component": component}):
+        if "json" in answer:
+            out.extend(json.loads(answer["json"]))
     return out

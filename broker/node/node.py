@@ -157,6 +157,8 @@ class Node:
             self.durable = Durable(self)
             await self.durable.start()
             recovered = True
+            for plugin in self.plugins:  # their own definitions (shovels), before the cluster's
+                plugin.restore(self)
             checkpoint()
             await self.cluster.sync()  # the cluster's definitions over what the disk kept
             checkpoint()

@@ -82,7 +82,7 @@ class Handshake:
             return b""
         r.state = ConnectionState.AWAIT_START_OK
         r._send0(connection_start(
-            __version__, r.node.name, offered(r.node.auth.mechanisms, r.tls is not None)))
+            __version__, r.node.server, offered(r.node.auth.mechanisms, r.tls is not None)))
         return rest
 
     def start_ok(self, m: commands.Connection.StartOk) -> None:
