@@ -46,6 +46,8 @@ from broker.protocol.constants import (
     SYNTAX_ERROR,
 )
 from broker.protocol.errors import AMQPError, ChannelError, ConnectionError_
+from broker.protocol.frames import DELIVER_TAG as _DELIVER_TAG
+from broker.protocol.frames import FRAME_END_BYTE as _FRAME_END_BYTE
 from broker.protocol.frames import FRAME_PUBLISH
 from broker.protocol.properties import (
     MalformedProperties,
@@ -145,6 +147,13 @@ class Channel:
         self._answering = False  # the loop waits on an auth backend (_after_answer)
         self._last_publish = b""  # the last basic.publish payload, and what it decoded to
         self._last_decoded: tuple[str, str, bool, bool, bytes] = ("", "", False, False, b"")
+        # the last delivery's frames before the delivery tag and around the body (deliver)
+        self._head = b""
+        self._head_ctag = b""
+        self._head_address_size = -1
+        self._middle = b""
+        self._middle_props = b""
+        self._middle_size = -1
 
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -640,18 +649,32 @@ class Channel:
                 consumer.tick = tick
                 consumer.tick_tag = tag
         body = msg.body
+        size = len(body)
+        if not 0 < size <= self.frame_max - 8:  # no body, or several body frames
+            self.writer.send_delivery(
+                frames.encode_deliver(self.number, consumer.tag_sstr, tag, entry[2],
+                                      msg.address, msg.props, body, self.frame_max),
+                size,
+            )
+            return
+        # what encode_deliver packs, less what the last delivery packed the same: a consumer's
+        # tag and a publisher's exchange, key, properties (one object: the reader's cutter
+        # shares it) and body size repeat, so only the delivery tag is packed per delivery
+        address = msg.address
+        ctag = consumer.tag_sstr
+        if ctag is not self._head_ctag or len(address) != self._head_address_size:
+            self._head = frames.deliver_head(self.number, ctag, len(address))
+            self._head_ctag = ctag
+            self._head_address_size = len(address)
+        props = msg.props
+        if props is not self._middle_props or size != self._middle_size:
+            self._middle = frames.deliver_middle(self.number, props, size)
+            self._middle_props = props
+            self._middle_size = size
         self.writer.send_delivery(
-            frames.encode_deliver(
-                self.number,
-                consumer.tag_sstr,
-                tag,
-                entry[2],
-                msg.address,
-                msg.props,
-                body,
-                self.frame_max,
-            ),
-            len(body),
+            [self._head, _DELIVER_TAG.pack(tag, 1 if entry[2] else 0), address, self._middle,
+             body, _FRAME_END_BYTE],
+            size,
         )
 
     def wake_queues(self) -> None:
