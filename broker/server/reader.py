@@ -218,8 +218,12 @@ class Reader(asyncio.Protocol):
                     ):
                         if self.alarm_blocked:
                             ch.published_since_alarm = True
-                        ch.mailbox.put_quiet(payload)
-                        touched[ch] = touched.get(ch, 0) + 1  # credit spent at the chunk's end
+                        # this publish and the whole ones right behind it on this channel,
+                        # in one compiled call; credit is spent at the chunk's end
+                        end = ch.put_publishes(batch, i)
+                        touched[ch] = touched.get(ch, 0) + end - i
+                        i = end  # put_quiet changes no state: nothing to check below
+                        continue
                     else:
                         self._split_publish(channel, payload)
                 else:
