@@ -150,7 +150,7 @@ async def publish(request: web.Request) -> web.Response:
         for q in queues:
             q.post_publishes(publisher, [(msg, 1)])
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(publisher.done), _CONFIRM_WAIT)
+            await asyncio.wait_for(publisher.done, _CONFIRM_WAIT)
     return json_response({"routed": bool(queues)})
 
 

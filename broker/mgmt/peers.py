@@ -31,9 +31,9 @@ if TYPE_CHECKING:
     from broker.node import Node
     from broker.vhost import VHost
 
-__all__ = ["OP", "STATUS_OP", "all_consumers", "all_status", "auth_counts", "client_consumers",
+__all__ = ["OP", "all_consumers", "all_status", "auth_counts", "client_consumers",
            "close_peer_connection", "peer_connection", "peer_items", "peer_nodes", "peer_totals",
-           "quarantined", "queues_from_homes", "register", "register_status", "store_figures"]
+           "quarantined", "queues_from_homes", "register", "store_figures"]
 
 OP = "mgmt_part"
 
@@ -68,16 +68,19 @@ async def _answer(node: Node, stats: Stats, m: dict[str, Any]) -> dict[str, Any]
         items = [channel_json(ch, node) for ch in channels(node)]
     elif kind == "quarantine":
         items = quarantined(node)
+    elif kind == "status":  # a plugin's running shovels or links
+        items = _status_here(node, str(m.get("component")))
     else:
         return {"error": f"unknown part {kind!r}"}
     # management JSON holds AMQP values (bytes, decimals) the link's JSON does not take
     return {"json": dumps(items)}
 
 
-async def peer_items(node: Node, kind: str) -> list[dict[str, Any]]:
-    """Every peer's items of `kind` (queues homed there, its connections, its channels)."""
+async def peer_items(node: Node, kind: str, **question: Any) -> list[dict[str, Any]]:
+    """Every peer's items of `kind` (queues homed there, its connections, its channels, a
+    plugin's status rows: `question` says which plugin)."""
     out: list[dict[str, Any]] = []
-    for answer in await node.cluster.ask_peers(OP, {"kind": kind}):
+    for answer in await node.cluster.ask_peers(OP, {"kind": kind, **question}):
         if "json" in answer:
             out.extend(json.loads(answer["json"]))
     return out
@@ -92,6 +95,11 @@ async def queues_from_homes(node: Node, local: list[dict[str, Any]]) -> list[dic
     homes = {(q["vhost"], q["name"]): q for q in await peer_items(node, "queues")}
     return [{**q, **homes.get((q["vhost"], q["name"]), {})} if q["node"] != node.name else q
             for q in local]
+
+
+def _status_here(node: Node, component: str) -> list[dict[str, Any]]:
+    here = node.parameter_components.get(component)
+    return list(here.status()) if here is not None else []
 
 
 def auth_counts(node: Node) -> dict[str, list[int]]:
@@ -223,25 +231,7 @@ async def all_consumers(node: Node, only: QueueKey = None) -> list[dict[str, Any
     return out
 
 
-# -- plugins' status rows (shovels, federation links): each node lists what runs on it -------
-STATUS_OP = "parameter_status"
-
-
-def register_status(node: Node) -> None:
-    node.peer_handlers[STATUS_OP] = partial(_status_here, node)
-
-
-async def _status_here(node: Node, m: dict[str, Any]) -> dict[str, Any]:
-    component = node.parameter_components.get(str(m.get("component")))
-    return {"json": dumps(component.status() if component is not None else [])}
-
-
 async def all_status(node: Node, component: str) -> list[dict[str, Any]]:
     """Every node's status rows of a parameter component (its running shovels or links),
     this node's first: a shovel or link runs on one node of the cluster."""
-    here = node.parameter_components.get(component)
-    out: list[dict[str, Any]] = list(here.status()) if here is not None else []
-    for answer in await node.cluster.ask_peers(STATUS_OP, {"component": component}):
-        if "json" in answer:
-            out.extend(json.loads(answer["json"]))
-    return out
+    return _status_here(node, component) + await peer_items(node, "status", component=component)

@@ -35,12 +35,11 @@ class Management:
         if not listeners:
             return  # management_port 0 and no HTTPS: nothing to serve, nothing to sample
         from broker.mgmt.app import serve
-        from broker.mgmt.peers import register, register_status
+        from broker.mgmt.peers import register
 
         stats = Stats(node, self.sample_interval_s)
         self._runner = await serve(node, stats, listeners)
-        register(node, stats)  # our part of the other nodes' answers
-        register_status(node)  # ... and of their shovels' and federation links' lists
+        register(node, stats)  # our part of the other nodes' answers (plugins' status too)
         self.stats, self._node = stats, node
         # a channel's counters join the totals when it closes, not at the next sample
         node.events.channel_closed.subscribe(stats.channel_closed)

@@ -50,11 +50,9 @@ _BODY_HEAD = struct.Struct(">BHI")
 _END_CONTENT_HEAD = struct.Struct(">BBHIHHQ")
 _END_BODY_HEAD = struct.Struct(">BBHI")
 _ACK = struct.Struct(">BHIHHQB")
-_QB = struct.Struct(">QB")
-DELIVER_TAG = _QB  # basic.deliver's delivery tag and redelivered octet
+DELIVER_TAG = struct.Struct(">QB")  # a delivery tag and one octet of bits (redelivered, multiple)
 _BODY_SIZE = struct.Struct(">Q")
-_FRAME_END_BYTE = b"\xce"
-FRAME_END_BYTE = _FRAME_END_BYTE
+FRAME_END_BYTE = b"\xce"
 
 HEARTBEAT_FRAME = bytes((FRAME_HEARTBEAT, 0, 0, 0, 0, 0, 0, FRAME_END))
 
@@ -241,7 +239,7 @@ def decode_publish(payload: bytes) -> tuple[str, str, bool, bool, bytes]:
 
 def decode_ack(payload: bytes) -> tuple[int, bool]:
     try:
-        tag, bits = _QB.unpack_from(payload, 4)
+        tag, bits = DELIVER_TAG.unpack_from(payload, 4)
     except struct.error as exc:
         raise ConnectionError_(FRAME_ERROR, "cannot decode basic.ack", ACK_ID) from exc
     return tag, bool(bits & 1)
@@ -253,18 +251,18 @@ def encode_content(channel: int, props: bytes, body: bytes, frame_max: int) -> l
     parts = [
         _CONTENT_HEAD.pack(FRAME_HEADER, channel, 12 + len(props), 60, 0, len(body)),
         props,
-        _FRAME_END_BYTE,
+        FRAME_END_BYTE,
     ]
     chunk = frame_max - 8
     size = len(body)
     if size <= chunk:
         if size:
-            parts += (_BODY_HEAD.pack(FRAME_BODY, channel, size), body, _FRAME_END_BYTE)
+            parts += (_BODY_HEAD.pack(FRAME_BODY, channel, size), body, FRAME_END_BYTE)
         return parts
     view = memoryview(body)
     for start in range(0, size, chunk):
         piece = view[start : start + chunk]
-        parts += (_BODY_HEAD.pack(FRAME_BODY, channel, len(piece)), piece, _FRAME_END_BYTE)
+        parts += (_BODY_HEAD.pack(FRAME_BODY, channel, len(piece)), piece, FRAME_END_BYTE)
     return parts
 
 
@@ -281,7 +279,7 @@ def encode_deliver(
     """basic.deliver + content. `ctag` is the consumer tag and `address` the exchange and
     routing key, already as shortstrs (Message.address): nothing is encoded per delivery but
     the tag."""
-    tag = _QB.pack(delivery_tag, 1 if redelivered else 0)
+    tag = DELIVER_TAG.pack(delivery_tag, 1 if redelivered else 0)
     head = _METHOD_HEAD.pack(FRAME_METHOD, channel, 13 + len(ctag) + len(address), 60, 60)
     size = len(body)
     if 0 < size <= frame_max - 8:  # the usual case: one body frame, three packs in all
@@ -291,9 +289,9 @@ def encode_deliver(
             props,
             _END_BODY_HEAD.pack(FRAME_END, FRAME_BODY, channel, size),
             body,
-            _FRAME_END_BYTE,
+            FRAME_END_BYTE,
         ]
-    return [head, ctag, tag, address, _FRAME_END_BYTE,
+    return [head, ctag, tag, address, FRAME_END_BYTE,
             *encode_content(channel, props, body, frame_max)]
 
 
@@ -353,12 +351,12 @@ def encode_return(
 
 def encode_basic_ack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
     return _ACK.pack(FRAME_METHOD, channel, 13, 60, 80, delivery_tag, 1 if multiple else 0) + (
-        _FRAME_END_BYTE
+        FRAME_END_BYTE
     )
 
 
 def encode_basic_nack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
     # bits: multiple(1), requeue(2); a publisher nack never asks to requeue
     return _ACK.pack(FRAME_METHOD, channel, 13, 60, 120, delivery_tag, 1 if multiple else 0) + (
-        _FRAME_END_BYTE
+        FRAME_END_BYTE
     )

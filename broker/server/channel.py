@@ -46,9 +46,7 @@ from broker.protocol.constants import (
     SYNTAX_ERROR,
 )
 from broker.protocol.errors import AMQPError, ChannelError, ConnectionError_
-from broker.protocol.frames import DELIVER_TAG as _DELIVER_TAG
-from broker.protocol.frames import FRAME_END_BYTE as _FRAME_END_BYTE
-from broker.protocol.frames import FRAME_PUBLISH
+from broker.protocol.frames import DELIVER_TAG, FRAME_END_BYTE, FRAME_PUBLISH
 from broker.protocol.properties import (
     MalformedProperties,
     TableTooDeep,
@@ -672,8 +670,8 @@ class Channel:
             self._middle_props = props
             self._middle_size = size
         self.writer.send_delivery(
-            [self._head, _DELIVER_TAG.pack(tag, 1 if entry[2] else 0), address, self._middle,
-             body, _FRAME_END_BYTE],
+            [self._head, DELIVER_TAG.pack(tag, 1 if entry[2] else 0), address, self._middle,
+             body, FRAME_END_BYTE],
             size,
         )
 
