@@ -399,6 +399,10 @@ class Link:
             if target is not None:
                 target.deliver_reply(Message(m["ex"], m["rk"], base64.b64decode(m["props"]),
                                              base64.b64decode(m["body"])))
+        elif op == "touch":  # a declare or consume on the peer: x-expires restarts
+            q = self._local_queue(m["v"], m["q"])
+            if q is not None:
+                q.touch()
         elif op == "waiting":  # a consumer of one of our queues, on the peer, waits on it
             q = self._local_queue(m["v"], m["q"])
             if q is not None:
