@@ -315,13 +315,17 @@ class Link:
             if n:
                 consumer.channel.wake_queues()
 
-    def _release(self, consumer: Consumer, credit: ConsumerCredit) -> None:
+    def _release(self, consumer: Consumer, credit: ConsumerCredit) -> int:
         """The consumer's share of its channel's window goes back (it went, or its channel's
-        global prefetch changed)."""
-        if credit.reserved:
-            consumer.channel.consumer_unacked -= credit.reserved
-            credit.reserved = 0
-        credit.wanted = 0
+        global prefetch changed): how much."""
+        n, credit.reserved, credit.wanted = credit.reserved, 0, 0
+        consumer.channel.consumer_unacked -= n
+        return n
+
+    def _give_back(self, consumer: Consumer, credit: ConsumerCredit) -> None:
+        """The consumer went: the channel's other consumers may use its share now."""
+        if self._release(consumer, credit):
+            consumer.channel.wake_queues()
 
     def _forget(self, consumer: Consumer) -> int | None:
         cid = self._consumer_ids.pop(consumer, None)
@@ -329,7 +333,7 @@ class Link:
             del self._consumers[cid]
             credit = self._credit.pop(cid, None)
             if credit is not None:
-                self._release(consumer, credit)
+                self._give_back(consumer, credit)
                 self.delivery_credit.peer_down(credit)
         return cid
 
@@ -540,7 +544,7 @@ class Link:
                 channel.credit_flow.peer_down(rq)
         # consumer side: our consumers of its queues are cancelled (the peer requeues)
         for cid, consumer in list(self._consumers.items()):
-            self._release(consumer, self._credit[cid])
+            self._give_back(consumer, self._credit[cid])
             self.cluster.consumer_gone(consumer)
         self._consumers.clear()
         self._consumer_ids.clear()
