@@ -166,6 +166,9 @@ class LinkConsumer:
             n = min(n, c.prefetch - c.unacked)
         if n > 0:
             self._asked = True
+            # deliveries gathered this turn go ahead of it: any made without a share (before
+            # the peer set its global prefetch) reach the peer before the share it grants
+            self.channel.flush()
             self.channel.link.control({"op": "want", "cid": self.cid, "n": n})
         return True
 
