@@ -80,6 +80,11 @@ class LinkError(Exception):
     """No link to the node, or it went down during the call."""
 
 
+def _shares_window(consumer: Consumer) -> bool:
+    """The consumer's deliveries count against its channel's basic.qos global window."""
+    return bool(consumer.channel.global_prefetch) and not consumer.no_ack
+
+
 def _proof(secret: str, who: str, nonce: str) -> str:
     return hmac.new(secret.encode(), f"{who}\0{nonce}".encode(), hashlib.sha256).hexdigest()
 
@@ -234,13 +239,14 @@ class Link:
         cid = next(self._ids)
         self._consumers[cid] = consumer
         self._consumer_ids[consumer] = cid
-        self._credit[cid] = ConsumerCredit(self, cid)
+        credit = self._credit[cid] = ConsumerCredit(self, cid)
+        credit.shares = _shares_window(consumer)
         try:
             reply = await self.call({
                 "op": "sub", "cid": cid, "v": rq.vhost.name, "q": rq.name,
                 "tag": consumer.tag, "no_ack": consumer.no_ack,
                 "exclusive": consumer.exclusive, "prefetch": consumer.prefetch,
-                "priority": consumer.priority,
+                "priority": consumer.priority, "gqos": credit.shares,
                 # basic.consume's own arguments (a stream's x-stream-offset)
                 "args": encode_table(consumer.arguments)})
         except LinkError:
@@ -260,13 +266,66 @@ class Link:
         return True
 
     def writer_drained(self, consumer: Consumer) -> None:
-        """The consumer's channel can write again: the credit held for what reached its
-        writer while it was backed up goes home."""
+        """The consumer's channel can write again (or its global prefetch changed, or an
+        ack freed some of it): the credit held for what reached its writer while it was
+        backed up goes home, and so does a share of the channel's window it asked for."""
         credit = self._credit.get(self._consumer_ids.get(consumer, 0))
+        if credit is None:
+            return
         writer = consumer.channel.writer
-        if credit is not None and credit.held and not (writer.paused or writer.full):
+        if credit.held and not (writer.paused or writer.full):
             held, credit.held = credit.held, 0
             self.delivery_credit.ack_many(credit, held)
+        shares = _shares_window(consumer)
+        if shares != credit.shares:  # basic.qos global set or cleared since
+            self._release(consumer, credit)
+            credit.shares = shares
+            self.control({"op": "gqos", "cid": credit.cid, "on": shares})
+        elif credit.wanted:
+            self._grant(consumer, credit)
+
+    # -- channel-global prefetch (basic.qos global) for consumers of the peer's queues ------
+    # The channel's window (global_prefetch - consumer_unacked) is the one count: the home
+    # delivers to such a consumer only within a share it asked for ("want", when it has
+    # messages for it) and we granted ("gcredit"), counted here as unacked until its
+    # deliveries come (or it gives back what it could not use: "greturn").
+    def _grant(self, consumer: Consumer, credit: ConsumerCredit) -> None:
+        ch = consumer.channel
+        n = min(ch.global_prefetch - ch.consumer_unacked, credit.wanted)
+        if n > 0:  # else it waits for an ack (writer_drained, as the channel wakes queues)
+            ch.consumer_unacked += n
+            credit.reserved += n
+            credit.wanted = 0
+            self.control({"op": "gcredit", "cid": credit.cid, "n": n})
+
+    def _on_want(self, m: dict[str, Any]) -> None:
+        consumer = self._consumers.get(m["cid"])
+        credit = self._credit.get(m["cid"])
+        if consumer is not None and credit is not None and credit.shares:
+            credit.wanted = m["n"]
+            self._grant(consumer, credit)
+
+    def _on_greturn(self, m: dict[str, Any]) -> None:
+        consumer = self._consumers.get(m["cid"])
+        credit = self._credit.get(m["cid"])
+        if consumer is not None and credit is not None:
+            n = min(m["n"], credit.reserved)
+            credit.reserved -= n
+            consumer.channel.consumer_unacked -= n
+            if n:
+                consumer.channel.wake_queues()
+
+    def _release(self, consumer: Consumer, credit: ConsumerCredit) -> int:
+        """The consumer's share of its channel's window goes back (it went, or its channel's
+        global prefetch changed): how much."""
+        n, credit.reserved, credit.wanted = credit.reserved, 0, 0
+        consumer.channel.consumer_unacked -= n
+        return n
+
+    def _give_back(self, consumer: Consumer, credit: ConsumerCredit) -> None:
+        """The consumer went: the channel's other consumers may use its share now."""
+        if self._release(consumer, credit):
+            consumer.channel.wake_queues()
 
     def _forget(self, consumer: Consumer) -> int | None:
         cid = self._consumer_ids.pop(consumer, None)
@@ -274,6 +333,7 @@ class Link:
             del self._consumers[cid]
             credit = self._credit.pop(cid, None)
             if credit is not None:
+                self._give_back(consumer, credit)
                 self.delivery_credit.peer_down(credit)
         return cid
 
@@ -293,12 +353,16 @@ class Link:
             self.control({"op": "unsub_requeue", "cid": cid, "seqs": [i[0] for i in items]})
             return
         channel, rq = consumer.channel, consumer.queue
+        credit = self._credit[cid]
+        if credit.reserved:  # they were counted as unacked when granted
+            n = min(credit.reserved, len(items))
+            credit.reserved -= n
+            channel.consumer_unacked -= n
         size = 0
         for seq, redelivered, exchange, routing_key, props, body in items:
             channel.deliver(consumer, rq, (seq, Message(exchange, routing_key, props, body),
                                            redelivered, 0.0))
             size += delivery_size(body)
-        credit = self._credit[cid]
         writer = channel.writer
         if writer.paused or writer.full:  # granted once it drains (writer_drained)
             credit.held += size
@@ -383,6 +447,14 @@ class Link:
             self.channel.settle(m["seqs"], op, m["requeue"])
         elif op == "cbump":  # the peer's client took deliveries of one of its consumers
             self.channel.bump(m["cid"], m["n"])
+        elif op == "want":  # the home has messages for our consumer: a share of the window
+            self._on_want(m)
+        elif op == "greturn":  # what it could not use of that share
+            self._on_greturn(m)
+        elif op == "gcredit":  # the peer's channel granted its consumer a share
+            self.channel.grant(m["cid"], m["n"])
+        elif op == "gqos":  # the peer's channel set or cleared basic.qos global
+            self.channel.share_window(m["cid"], m["on"])
         elif op == "unsub":
             self.channel.unsubscribe(m["cid"])
         elif op == "unsub_requeue":
@@ -399,6 +471,10 @@ class Link:
             if target is not None:
                 target.deliver_reply(Message(m["ex"], m["rk"], base64.b64decode(m["props"]),
                                              base64.b64decode(m["body"])))
+        elif op == "touch":  # a declare or consume on the peer: x-expires restarts
+            q = self._local_queue(m["v"], m["q"])
+            if q is not None:
+                q.touch()
         elif op == "waiting":  # a consumer of one of our queues, on the peer, waits on it
             q = self._local_queue(m["v"], m["q"])
             if q is not None:
@@ -467,7 +543,8 @@ class Link:
             for rq in self.cluster.remote_queues_on(self.peer):
                 channel.credit_flow.peer_down(rq)
         # consumer side: our consumers of its queues are cancelled (the peer requeues)
-        for consumer in list(self._consumers.values()):
+        for cid, consumer in list(self._consumers.items()):
+            self._give_back(consumer, self._credit[cid])
             self.cluster.consumer_gone(consumer)
         self._consumers.clear()
         self._consumer_ids.clear()

@@ -104,6 +104,10 @@ class ConsumerCredit:
         self.link = link
         self.cid = cid
         self.held = 0
+        # basic.qos global: its deliveries share its channel's window (Link._grant)
+        self.shares = False
+        self.reserved = 0  # granted of that window, counted unacked, not yet delivered
+        self.wanted = 0  # asked for by the home, not granted yet
         self.credit_flow = CreditFlow(self, CONSUMER_CREDIT, CONSUMER_MORE_CREDIT_AFTER,
                                       deliver_bump=self._bump)
 
@@ -119,18 +123,25 @@ class LinkConsumer:
     consume-ok), so nothing reaches the peer before its client has consume-ok."""
 
     number = 0  # what the management API shows as its channel
-    global_prefetch = 0
-    consumer_unacked = 0  # stays 0: the peer's channel holds its global prefetch
     paused = False
     flow_active = True
 
-    def __init__(self, channel: LinkChannel) -> None:
+    def __init__(self, channel: LinkChannel, cid: int) -> None:
         self.channel = channel
+        self.cid = cid
         self.state = ChannelState.OPEN
         self.writer = self
         self.reader: _LinkReader = channel.reader
         self.user: str = channel.user
         self.queue: QueueType | None = None
+        self.consumer: Consumer | None = None
+        # The peer's channel has basic.qos global: its window is counted there, and this
+        # consumer gets shares of it (grant). Then global_prefetch - consumer_unacked is the
+        # share left (Consumer.can_take and room read them as for a client's channel);
+        # 0 and 0 without.
+        self.global_prefetch = 0
+        self.consumer_unacked = 0
+        self._asked = False
         # credit from the peer's consumer, which this stands for: kept against itself
         self.credit_flow = CreditFlow(self, CONSUMER_CREDIT, CONSUMER_MORE_CREDIT_AFTER)
         self.credit_flow.send_many(self, CONSUMER_CREDIT)  # shut: the peer opens it
@@ -138,7 +149,58 @@ class LinkConsumer:
 
     @property
     def full(self) -> bool:
-        return self.channel.writer.full or self.credit_flow.blocked()
+        """Asked only when the queue has a message for this consumer: so with its share of
+        the peer's window spent, that is when it asks for more."""
+        return (self.channel.writer.full or self.credit_flow.blocked()
+                or (self.global_prefetch != 0 and self.consumer_unacked >= self.global_prefetch
+                    and self._want()))
+
+    def _want(self) -> bool:
+        """Ask the peer's channel for a share of its window, once until it answers. True:
+        this consumer cannot take a delivery now."""
+        c, q = self.consumer, self.queue
+        if self._asked or c is None or q is None:
+            return True
+        n = q.message_count
+        if c.prefetch:
+            n = min(n, c.prefetch - c.unacked)
+        if n > 0:
+            self._asked = True
+            # deliveries gathered this turn go ahead of it: any made without a share (before
+            # the peer set its global prefetch) reach the peer before the share it grants
+            self.channel.flush()
+            self.channel.link.control({"op": "want", "cid": self.cid, "n": n})
+        return True
+
+    def share_window(self, on: bool) -> None:
+        """The peer's channel set (or cleared) basic.qos global: shares from now on. Not
+        for a stream (it refuses global qos at consume; set later, its readers keep their
+        own credit, and a reader that cannot be drained now would give back every share)."""
+        if self.queue is not None and self.queue.args.kind == "stream":
+            on = False
+        self.global_prefetch = self.consumer_unacked = 1 if on else 0
+        self._asked = False
+        if self.queue is not None:
+            self.queue.wake()
+
+    def grant(self, n: int) -> None:
+        """A share of the peer's window: delivered at once, and what the queue could not
+        use now (its messages went to other consumers meanwhile) is given back, so a share
+        never sits idle while the channel's other consumers wait."""
+        if not self.global_prefetch or self.queue is None:
+            return  # cleared meanwhile: the peer released it
+        self.global_prefetch += n
+        self._asked = False
+        self.queue.wake()
+        self.queue.drain()
+        left = self.global_prefetch - self.consumer_unacked
+        if left > 0:
+            self.global_prefetch = self.consumer_unacked
+            self.channel.link.control({"op": "greturn", "cid": self.cid, "n": left})
+
+    def wake_queues(self) -> None:
+        if self.queue is not None:
+            self.queue.wake()
 
     def _unblocked(self) -> None:
         if self.queue is not None:
@@ -146,6 +208,8 @@ class LinkConsumer:
 
     def deliver(self, consumer: Consumer, queue: QueueType, entry: Entry) -> None:
         self.credit_flow.send_many(self, delivery_size(entry[1].body))
+        if self.global_prefetch:
+            self.consumer_unacked += 1
         self.channel.deliver(consumer, queue, entry)
 
     def consumer_cancelled_by_queue(self, consumer: Consumer) -> None:
@@ -179,11 +243,13 @@ class LinkChannel:
             check_exclusive_use(q, m["exclusive"])
         except AMQPError as exc:
             return {"refused": [exc.code, exc.text]}
-        view = LinkConsumer(self)
+        view = LinkConsumer(self, m["cid"])
         c = Consumer(m["tag"], view, q, no_ack=m["no_ack"],
                      exclusive=m["exclusive"], prefetch=m["prefetch"], priority=m["priority"],
                      arguments=decode_table(m["args"]) if m.get("args") else None)
-        view.queue = q
+        view.queue, view.consumer = q, c
+        if m.get("gqos"):
+            view.share_window(True)
         self.consumers[m["cid"]] = c
         self._cids[c] = m["cid"]
         q.add_consumer(c)
@@ -191,10 +257,27 @@ class LinkChannel:
 
     def bump(self, cid: int, amount: int) -> None:
         """The peer's client took deliveries: credit for more."""
+        view = self._view(cid)
+        if view is not None:
+            view.credit_flow.handle_bump(view, amount)
+
+    def _view(self, cid: int) -> LinkConsumer | None:
         c = self.consumers.get(cid)
-        if c is not None:
-            assert isinstance(c.channel, LinkConsumer)
-            c.channel.credit_flow.handle_bump(c.channel, amount)
+        if c is None:
+            return None
+        assert isinstance(c.channel, LinkConsumer)
+        return c.channel
+
+    def grant(self, cid: int, n: int) -> None:
+        """The peer's channel granted its consumer a share of its global prefetch."""
+        view = self._view(cid)
+        if view is not None:
+            view.grant(n)
+
+    def share_window(self, cid: int, on: bool) -> None:
+        view = self._view(cid)
+        if view is not None:
+            view.share_window(on)
 
     def unsubscribe(self, cid: int) -> None:
         c = self.consumers.pop(cid, None)

@@ -101,8 +101,14 @@ class RemoteQueue:
         return self.cluster.links.get(self.home) is not None
 
     def touch(self) -> None:
-        if not self.available():
+        """A declare or consume here restarts the home queue's x-expires clock: a control
+        frame, ahead on the link of the declare-ok's count call or the consume's subscribe
+        (a basic.get's call restarts it at home)."""
+        link = self.cluster.links.get(self.home)
+        if link is None:
             raise self._home_down()
+        if self.args.expires_ms is not None:
+            link.control({"op": "touch", "v": self.vhost.name, "q": self.name})
 
     def set_policies(self, applied: AppliedPolicies) -> None:
         """What the management API shows; the home node applies them."""

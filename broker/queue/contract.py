@@ -84,6 +84,10 @@ class ConsumerChannel(Protocol):
         """The queue went away with consumer on it: tell the client (basic.cancel)."""
         ...
 
+    def wake_queues(self) -> None:
+        """Room in its global prefetch came back: its consumers' queues look again."""
+        ...
+
 
 @runtime_checkable
 class QueueType(Protocol):
