@@ -6,9 +6,11 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +18,34 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER_ENV = "_HARE_WORKER"  # set in each worker's environment by broker/node/supervisor.py
+
+
+def worker_share(low: int, high: int) -> range:
+    """This pytest-xdist worker's own slice of range(low, high) (the whole range outside
+    xdist): the workers of a parallel run pick fixed ports from disjoint slices."""
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    size = (high - low) // count
+    return range(low + index * size, low + (index + 1) * size)
+
+
+def held_port(owner: object, port: int = 0) -> int:
+    """`port` (0: a free one) held for `owner` until it is collected: a socket of this process
+    bound to it on every IPv4 address, SO_REUSEADDR and never listening. Linux gives a port a
+    socket is bound to to no other connect() or bind(0), while a broker's SO_REUSEADDR listener
+    still binds and listens beside it (broker/server/listener.py). Without it a port freed by a
+    stop was at times taken by another process's connection before the restart ("AMQP port N
+    is already in use"), the more often the more processes run tests. A port that cannot be
+    held (something listens there) is returned as it is."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("0.0.0.0", port))
+    except OSError:
+        sock.close()
+        return port
+    weakref.finalize(owner, sock.close)
+    return int(sock.getsockname()[1])
 
 
 def children(pid: int) -> list[int]:
@@ -57,6 +87,7 @@ class BrokerProc:
         self.env = env or {}
         self.proc: subprocess.Popen[str] | None = None
         self.port = 0
+        self._held = 0  # the port held_port() holds for this broker
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
 
     @property
@@ -91,8 +122,16 @@ class BrokerProc:
         assert len(found) == 1, (name, area, found)
         return found[0]
 
+    def hold_port(self) -> int:
+        """The AMQP port, picked now if none was set, and held for this broker's restarts
+        (held_port)."""
+        if self._held == 0 or self._held != self.port:
+            self.port = self._held = held_port(self, self.port)
+        return self.port
+
     def start(self, timeout: float = 20.0) -> BrokerProc:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.hold_port()
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         env.pop("HARE_CONFIG", None)
         cmd = [sys.executable, "-m", "broker", "--port", str(self.port or 0),
