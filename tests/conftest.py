@@ -191,6 +191,25 @@ class BrokerProc:
         return self.start()
 
 
+# Parallel runs (`make test`: pytest-xdist, `-n N --dist loadgroup`). Every broker listens on
+# an ephemeral port with a data directory under the worker's own tmp_path, so tests of different
+# files may run at once. Each file is one group (its module-scoped brokers and etcds start once,
+# in one worker); a directory whose session fixtures are costly is one group for the whole
+# directory, so they are made once per run: tests/spark (a SparkSession, a JVM) and tests/docker
+# (the image built from this checkout, the older image built once per machine).
+WHOLE_DIRECTORY_GROUPS = ("spark", "docker")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        path = item.path.relative_to(ROOT / "tests")
+        group = path.parts[0] if path.parts[0] in WHOLE_DIRECTORY_GROUPS else path.as_posix()
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProc]:
     """One broker shared by the tests that don't restart it."""
