@@ -29,6 +29,10 @@ MODULES: tuple[str, ...] = (
     "broker.flow.mailbox",
     "broker.routing.router",
     "broker.protocol.command_assembler",
+    # the delivery path: every delivery calls the writer and reads the consumer and the clock
+    "broker.server.writer",
+    "broker.queue.consumer",
+    "broker.flow.loop_ticks",
 )
 
 _ROOT = Path(__file__).resolve().parent.parent

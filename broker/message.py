@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import struct
-from typing import Any
+from typing import Any, Final
 
 from pamqp import commands
 
@@ -21,8 +21,9 @@ __all__ = [
 ]
 
 # Unique across restarts without coordination: a random 64-bit boot prefix and a counter.
-_BOOT = int.from_bytes(os.urandom(8), "big") << 64
-_counter = itertools.count(1)
+# Final: compiled, they are C statics instead of a lookup in the module's dict per message.
+_BOOT: Final = int.from_bytes(os.urandom(8), "big") << 64
+_counter: Final = itertools.count(1)
 
 _FLAG_CONTENT_TYPE = 0x8000
 _FLAG_CONTENT_ENCODING = 0x4000

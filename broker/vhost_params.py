@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 import structlog
 
 from broker.policy import Policy, PolicySet, effective_definition, limit_reached
-from broker.protocol.connection_state import ConnectionState
 from broker.protocol.constants import NOT_ALLOWED, PRECONDITION_FAILED
 from broker.protocol.errors import ChannelError, ConnectionError_
 from broker.queue.policy_args import AppliedPolicies
@@ -95,14 +94,9 @@ class VHostParams:
                 f"({limit}) is reached",
             )
 
-    def check_new_connection(self, user: str) -> None:
-        """Called at connection.open, before the connection counts as opened in this vhost."""
-        if "max-connections" not in self.limits or self.vhost.node is None:
-            return
-        # closing connections do not count: a client that closed and reconnects at once must
-        # not find its old connection still holding the slot
-        opened = sum(1 for c in self.vhost.node.connections
-                     if c.vhost is self.vhost and c.state == ConnectionState.OPENED)
+    def check_new_connection(self, user: str, opened: int) -> None:
+        """Called at connection.open, before the connection counts as opened in this vhost:
+        `opened` connections are open in the vhost, on every node (broker/server/limits.py)."""
         limit = limit_reached(self.limits, "max-connections", opened)
         if limit is not None:
             raise ConnectionError_(

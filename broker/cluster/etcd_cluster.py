@@ -21,9 +21,9 @@ import structlog
 
 from broker.cluster.etcd import Etcd, EtcdUnavailable, WatchCompacted, WatchEvent, sleep_backoff
 from broker.cluster.link import Link, LinkError, Links
-from broker.cluster.local import self_card
+from broker.cluster.local import rendezvous, self_card
 from broker.cluster.membership import Member, Membership
-from broker.cluster.metadata import ClusterMetadata
+from broker.cluster.metadata import ClusterMetadata, cluster_root
 from broker.cluster.quorum import QuorumCoordinator, choose_members, is_quorum
 from broker.cluster.remote_queue import RemoteQueue
 from broker.queue.amqqueue import AMQQueue
@@ -67,7 +67,7 @@ class EtcdCluster:
         s = node.settings
         self.node = node
         self.name = s.cluster_name
-        self.root = f"/hare/{s.cluster_name}/"
+        self.root = cluster_root(s.cluster_name)
         self.etcd = Etcd([u.strip() for u in s.cluster_etcd.split(",") if u.strip()],
                          token=s.cluster_etcd_token)
         self._started_ms = 0
@@ -123,6 +123,8 @@ class EtcdCluster:
             kvs, _ = await self.etcd.get_prefix(self.metadata.prefix)
             if not kvs:
                 await self.metadata.seed()
+            else:
+                await self.metadata.rehome(kvs, self.membership.old_names)
             await self._read_all()
         except EtcdUnavailable as exc:
             log.warning("etcd unreachable at start: serving the definitions kept on disk",
@@ -426,6 +428,7 @@ class EtcdCluster:
             self.links.node_down(name)
             self._drop_exclusive_of(name)
         self.quorum.node_changed(name, running)
+        self.node.events.nodes_changed.notify((name, running))
 
     def _drop_exclusive_of(self, name: str) -> None:
         """A node that went down took its connections, so its exclusive queues are gone:
@@ -474,6 +477,12 @@ class EtcdCluster:
                  if x is not None]
         answers = await asyncio.gather(*(ask(x) for x in peers))
         return [a for a in answers if a is not None]
+
+    def runner(self, key: str, *, same_server: bool = False) -> str:
+        running = self.membership.running
+        nodes = [n for n in running if not same_server
+                 or running[n].get("server", n) == self.node.server]
+        return rendezvous(key, [*{*nodes, self.node.name}])
 
     async def settled(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -148,6 +148,29 @@ def _apply_limits(node: Node, parts: tuple[str, ...], rec: Record | None) -> Non
         vhost.params.set_limits(dict(rec["value"]) if rec is not None else {})
 
 
+# -- plugins' runtime parameters (shovels, federation upstreams and sets) -----------------------
+def _parameter_key(vhost: str | None, p: Any) -> tuple[str, ...]:
+    return (str(vhost), p[0], p[1]["name"])
+
+
+def _parameter_record(vhost: str | None, p: Any) -> Record:
+    return {"vhost": vhost, "component": p[0], "name": p[1]["name"],
+            "value": p[1]["value"], "user": p[1].get("user")}
+
+
+def _apply_parameter(node: Node, parts: tuple[str, ...], rec: Record | None) -> None:
+    vhost, component, name = parts
+    plugin = node.parameter_components.get(component)
+    if plugin is not None:  # a plugin this node does not run: nothing to apply
+        plugin.apply(vhost, name, rec)
+
+
+def _parameters(node: Node) -> Iterable[tuple[str | None, Any]]:
+    """(vhost, (component, record)): what `Node.changed` reports as put_parameter."""
+    return [(str(r["vhost"]), (name, r)) for name, c in node.parameter_components.items()
+            for r in c.records()]
+
+
 # -- exchanges, queues, bindings ---------------------------------------------------------------
 def _exchange_record(vhost: str | None, ex: Any) -> Record:
     return {"vhost": vhost, "name": ex.name, "type": ex.type, "durable": ex.durable,
@@ -298,6 +321,8 @@ FAMILIES: tuple[Family, ...] = (
            _policy_record, _apply_policy(True), 4, _policies(True)),
     Family("policies", "put_policy", "delete_policy", _name, _policy_record,
            _apply_policy(False), 5, _policies(False)),
+    Family("parameters", "put_parameter", "delete_parameter", _parameter_key,
+           _parameter_record, _apply_parameter, 5, _parameters),
     Family("exchanges", "put_exchange", "delete_exchange", _name, _exchange_record,
            _apply_exchange, 6, _exchanges),
     Family("queues", "put_queue", "delete_queue", _name, _queue_record, _apply_queue, 7,

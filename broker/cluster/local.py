@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -12,7 +13,8 @@ if TYPE_CHECKING:
     from broker.node import Node
     from broker.vhost import VHost
 
-__all__ = ["Cluster", "ClusterUnavailable", "LocalCluster", "Member", "NodeNameTaken"]
+__all__ = ["Cluster", "ClusterUnavailable", "LocalCluster", "Member", "NodeNameTaken",
+           "rendezvous"]
 
 
 class NodeNameTaken(Exception):
@@ -41,6 +43,14 @@ class Cluster(Protocol):
         """Ask every running peer `op` (a handler in its `Node.peer_handlers`); the answers
         of those that gave one (a single node: none). `same_server`: only the peers of this
         node's hare-server (the other workers of a multi-worker server)."""
+        ...
+
+    def runner(self, key: str, *, same_server: bool = False) -> str:
+        """The node that runs what is run once in the cluster (a dynamic shovel, a federated
+        exchange's link) under `key`: of the running nodes (`same_server`: this node's
+        hare-server's workers), the one that `key` hashes highest with (rendezvous hashing),
+        so a node that stops moves only its own things and takes them back when it returns.
+        Every node computes the same answer from its view of who runs."""
         ...
 
     def forward_reply(self, msg: Message) -> None:
@@ -119,6 +129,9 @@ class LocalCluster:
                         same_server: bool = False) -> list[dict[str, Any]]:
         return []
 
+    def runner(self, key: str, *, same_server: bool = False) -> str:
+        return self.node.name
+
     def forward_reply(self, msg: Message) -> None:
         pass
 
@@ -171,6 +184,12 @@ class LocalCluster:
         if remove is not None:
             raise ValueError("a quorum queue keeps at least one member")
         return {"members": [self.node.name], "node": self.node.name}
+
+
+def rendezvous(key: str, nodes: list[str]) -> str:
+    """Of `nodes`, the one `key` hashes highest with: the same answer wherever it is asked,
+    and removing a node moves only the keys it had."""
+    return max(nodes, key=lambda n: hashlib.sha256(f"{key}\0{n}".encode()).digest())
 
 
 def self_card(node: Node, started_ms: int) -> dict[str, Any]:

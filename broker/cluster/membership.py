@@ -49,6 +49,7 @@ class Membership:
         self.started_ms = int(time.time() * 1000)
         self.running: dict[str, dict[str, Any]] = {}  # name -> card, from nodes/
         self.known: dict[str, dict[str, Any]] = {}  # name -> card, from known/
+        self.old_names: set[str] = set()  # this node's names before (join forgot them)
         self.on_change: Callable[[str, bool], None] | None = None  # (name, running)
         # until when (monotonic) our lease surely holds: from before the call that granted or
         # refreshed it, so never later than etcd's own expiry
@@ -65,8 +66,12 @@ class Membership:
         return json.dumps(card, sort_keys=True).encode()
 
     async def join(self) -> None:
-        """Take our name in the cluster, or raise NodeNameTaken."""
+        """Take our name in the cluster, or raise NodeNameTaken. The names this node had
+        before (its data directory's node_id under another `node_name`) are forgotten, as a
+        single node forgets its old name: only other nodes are remembered while down."""
         key = self.nodes_prefix + self.node_name
+        old_names = await self._old_names()
+        self.old_names |= {k[len(self.known_prefix):] for k in old_names}
         asked = time.monotonic()
         self.lease = await self.etcd.grant(self.ttl_s)
         self.lease_until = asked + self.ttl_s
@@ -75,7 +80,8 @@ class Membership:
             result = await self.etcd.txn(
                 [Etcd.absent(key)],
                 [Etcd.op_put(key, card, self.lease),
-                 Etcd.op_put(self.known_prefix + self.node_name, card)],
+                 Etcd.op_put(self.known_prefix + self.node_name, card),
+                 *(Etcd.op_delete(k) for k in old_names)],
                 [Etcd.op_get(key)],
             )
             if result.succeeded:
@@ -100,6 +106,12 @@ class Membership:
             else:
                 await self.etcd.delete(key)
         raise NodeNameTaken(f"node name '{self.node_name}': could not take it in etcd")
+
+    async def _old_names(self) -> list[str]:
+        """The known/ keys of this node_id under a name other than ours."""
+        kvs, _ = await self.etcd.get_prefix(self.known_prefix)
+        return [kv.key for kv in kvs if kv.key != self.known_prefix + self.node_name
+                and json.loads(kv.value).get("node_id") == self.node_id]
 
     async def refresh_card(self) -> None:
         """Publish our card again (alarms changed)."""

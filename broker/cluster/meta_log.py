@@ -31,15 +31,18 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.cluster.meta_store import Event, MetaStore, Record
 from broker.store.segment import fsync_dir
 
-__all__ = ["LOG_FILE", "SNAPSHOT_BYTES", "SNAPSHOT_FILE", "LogScan", "MetaLog", "MetaLogDamaged",
-           "encode_change", "scan_log"]
+__all__ = ["LOG_FILE", "SNAPSHOT_BYTES", "SNAPSHOT_FILE", "Forget", "LogScan", "MetaLog",
+           "MetaLogDamaged", "encode_change", "scan_log"]
+
+# (key, value) of every key -> the keys that go at a restart (MetaLog.recover)
+Forget = Callable[[list[tuple[bytes, bytes]]], Iterable[bytes]]
 
 LOG_FILE = "meta.log"
 SNAPSHOT_FILE = "meta.snapshot"
@@ -182,8 +185,11 @@ class MetaLog:
         self.size = 0
         self._fd = -1
 
-    def recover(self, store: MetaStore) -> int:
-        """Load the files into `store`; the torn bytes cut off the log's tail."""
+    def recover(self, store: MetaStore,
+                forget: Forget | None = None) -> int:
+        """Load the files into `store`; the torn bytes cut off the log's tail. `forget`
+        picks, from every (key, value), keys that do not outlive the restart either (the
+        non-durable definitions of a multi-worker server: MetaServer.start)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         snapshot = self.directory / SNAPSHOT_FILE
         if snapshot.exists():
@@ -194,7 +200,8 @@ class MetaLog:
         for revision, events in scan.changes:
             if revision > base:
                 store.apply(revision, events)
-        store.restarted()
+        store.restarted(forget([(k, r.value) for k, r in store.keys.items()])
+                        if forget is not None else ())
         self.rewrite(encode_snapshot(store))
         return scan.torn_bytes
 

@@ -39,7 +39,13 @@ import structlog
 from aiohttp import web
 
 from broker.cluster.etcd import TOKEN_HEADER
-from broker.cluster.meta_log import SNAPSHOT_BYTES, MetaLog, encode_change, encode_snapshot
+from broker.cluster.meta_log import (
+    SNAPSHOT_BYTES,
+    Forget,
+    MetaLog,
+    encode_change,
+    encode_snapshot,
+)
 from broker.cluster.meta_store import Event, MetaError, MetaStore, Record, in_range
 
 __all__ = ["TOKEN_HEADER", "MetaServer"]
@@ -160,13 +166,14 @@ class MetaServer:
     async def start(cls, data_dir: Path, *, host: str = "127.0.0.1", port: int = 0,
                     history: int = 10_000, fsync: bool = True,
                     snapshot_bytes: int = SNAPSHOT_BYTES,
-                    token: str | None = None) -> MetaServer:
+                    token: str | None = None, forget: Forget | None = None) -> MetaServer:
         """Recover the data directory, listen, serve. MetaLogDamaged when its files cannot
         be trusted (the broker must not start on lost definitions). The token is random
-        unless given (a server restarted on its port for the same workers)."""
+        unless given (a server restarted on its port for the same workers). `forget` picks
+        the keys that do not outlive a restart (MetaLog.recover)."""
         self = cls(data_dir, history=history, fsync=fsync, snapshot_bytes=snapshot_bytes,
                    token=token)
-        torn = await asyncio.to_thread(self.log.recover, self.store)
+        torn = await asyncio.to_thread(self.log.recover, self.store, forget)
         if torn:
             log.warning("meta log: torn last record dropped", dir=str(self.data_dir),
                         bytes=torn)

@@ -202,11 +202,12 @@ class MetaStore:
         self.keys = dict(records)
         self._order = sorted(records)
 
-    def restarted(self) -> list[Event]:
+    def restarted(self, forget: Iterable[bytes] = ()) -> list[Event]:
         """After recovery: keys held by leases died with the old process (leases are not
-        kept), so they go, as one revision; no history before this point."""
-        events = [self._delete(key, self.revision + 1)
-                  for key in [k for k, r in self.keys.items() if r.lease]]
+        kept), so they go, with the keys `forget` names that are there, as one revision; no
+        history before this point."""
+        gone = {k for k, r in self.keys.items() if r.lease} | (set(forget) & set(self.keys))
+        events = [self._delete(key, self.revision + 1) for key in sorted(gone)]
         self._commit(events)
         self.history.clear()
         self.compact_revision = self.revision + 1 if self.revision > 1 else 0

@@ -28,7 +28,7 @@ from broker.protocol.errors import ChannelError
 if TYPE_CHECKING:
     from broker.node import Node
 
-__all__ = ["ClusterMetadata", "MetadataUnavailable"]
+__all__ = ["ClusterMetadata", "MetadataUnavailable", "cluster_root", "transient_keys"]
 
 log = structlog.get_logger("hare.cluster")
 
@@ -288,9 +288,63 @@ class ClusterMetadata:
                 ops.append(Etcd.op_put(key, _dumps(family.record(vhost, obj))))
         return ops
 
+    async def rehome(self, kvs: list[KeyValue], old_names: set[str]) -> None:
+        """This node's queues recorded under a name it had before (its data directory
+        started under another `node_name`) are its own: their records name it now."""
+        if not old_names:
+            return
+        ops = []
+        for kv in kvs:
+            if key_parts(kv.key[len(self.prefix):])[0] != "queues":
+                continue
+            record = json.loads(kv.value)
+            members = record.get("members")
+            if record["node"] in old_names or any(m in old_names for m in members or ()):
+                if record["node"] in old_names:
+                    record["node"] = self.node.name
+                if members:
+                    record["members"] = [self.node.name if m in old_names else m
+                                         for m in members]
+                ops.append(Etcd.op_put(kv.key, _dumps(record)))
+        for i in range(0, len(ops), _TXN_OPS):
+            await self.etcd.txn([], ops[i:i + _TXN_OPS], [])
+
     async def seed(self) -> None:
         for i in range(0, len(ops := self.seed_ops()), _TXN_OPS):
             await self.etcd.txn([], ops[i:i + _TXN_OPS], [])
+
+
+def cluster_root(cluster_name: str) -> str:
+    """Where everything of a cluster is kept in etcd (docs/CLUSTER.md, "Keys")."""
+    return f"/hare/{cluster_name}/"
+
+
+def transient_keys(root: str, items: list[tuple[bytes, bytes]]) -> list[bytes]:
+    """Of every (key, value), the definitions under `root` that do not outlive a restart of
+    the whole broker: non-durable exchanges, non-durable and exclusive queues, and the
+    bindings from or to any of them (RabbitMQ keeps them in RAM only). A multi-worker
+    server's parent drops them when it starts (a worker's restart keeps them: the broker
+    was up)."""
+    prefix = (root + "meta/").encode()
+    gone: set[tuple[str, str, str]] = set()  # (vhost, kind, name)
+    keys: list[bytes] = []
+    bindings: list[tuple[bytes, dict[str, Any]]] = []
+    for key, value in items:
+        if not key.startswith(prefix):
+            continue
+        family, _ = key_parts(key[len(prefix):].decode())
+        if family not in ("exchanges", "queues", "bindings"):
+            continue
+        record = json.loads(value)
+        if family == "bindings":
+            bindings.append((key, record))
+        elif not record["durable"] or (family == "queues" and record["exclusive"]):
+            gone.add((record["vhost"], family[:-1], record["name"]))
+            keys.append(key)
+    keys.extend(key for key, b in bindings
+                if (b["vhost"], "exchange", b["source"]) in gone
+                or (b["vhost"], b["destination_type"], b["destination"]) in gone)
+    return keys
 
 
 def _key(b64: str) -> str:

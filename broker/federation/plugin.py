@@ -9,7 +9,14 @@ upstream or set change: every exchange and queue whose policy names an upstream 
 `all`) gets one link per upstream; exchange links are told the exchange's bindings. A turn
 costs a walk over the vhosts' exchanges and queues, not a message. Parameters are kept in
 federation.json in the data directory, as the shovel plugin keeps shovels.json, each with the
-user who defined it: an upstream's links act on this broker as that user."""
+user who defined it: an upstream's links act on this broker as that user.
+
+In a cluster (a multi-worker hare-server's workers are one) upstreams and sets are the
+cluster's, as shovels are (broker/shovel/plugin.py), and each link runs on one node: a
+queue's on the queue's home node (which knows its consumers and depth), an exchange's on
+`cluster.runner` of its key, placed again whenever a node starts or stops. Links name
+themselves upstream after the server (`Node.server`), not the worker, so a link that moves
+keeps its upstream queue."""
 
 from __future__ import annotations
 
@@ -64,14 +71,21 @@ class _Component:
         return [{"vhost": v, "component": self.name, "name": n, "value": value}
                 for (v, n), value in sorted(self.values.items())]
 
+    def records(self) -> list[dict[str, object]]:
+        return [{"vhost": v, "name": n, "value": value, "user": self.users.get((v, n))}
+                for (v, n), value in sorted(self.values.items())]
+
     def put(self, vhost: str, name: str, value: object, user: str | None) -> bool:
         try:
             self.plugin.check_vhost(vhost)
-            created = self.set(vhost, name, value, user or self.plugin.default_user())
+            user = user or self.plugin.default_user()
+            created = self.set(vhost, name, value, user)
         except ParameterInvalid as exc:
             log.warning("federation parameter refused", component=self.name, vhost=vhost,
                         name=name, user=user, reason=str(exc))
             raise
+        self.plugin.report(vhost, "put_parameter",
+                           (self.name, {"name": name, "value": value, "user": user}))
         self.plugin.changed()
         return created
 
@@ -83,20 +97,43 @@ class _Component:
         return created
 
     def delete(self, vhost: str, name: str) -> bool:
+        if not self._drop(vhost, name):
+            return False
+        self.plugin.report(vhost, "delete_parameter", (self.name, {"name": name}))
+        self.plugin.changed()
+        return True
+
+    def apply(self, vhost: str, name: str, record: dict[str, object] | None) -> None:
+        if record is None:
+            if not self._drop(vhost, name):
+                return
+        else:
+            user = str(record.get("user") or self.plugin.default_user())
+            if self.values.get((vhost, name)) == record["value"] and self.users.get(
+                    (vhost, name)) == user:
+                return  # what we have (our own write, seen before its answer)
+            try:
+                self.set(vhost, name, record["value"], user)
+            except ParameterInvalid as exc:
+                log.error("cluster's federation parameter not loaded", component=self.name,
+                          vhost=vhost, name=name, reason=str(exc))
+                return
+        self.plugin.changed()
+
+    def _drop(self, vhost: str, name: str) -> bool:
         if self.values.pop((vhost, name), None) is None:
             return False
         self.parsed.pop((vhost, name), None)
         self.users.pop((vhost, name), None)
-        self.plugin.changed()
         return True
 
     def drop_vhost(self, vhost: str) -> bool:
         """The vhost is deleted: its parameters go with it, as RabbitMQ's."""
         gone = [key for key in self.values if key[0] == vhost]
         for key in gone:
-            del self.values[key]
-            self.parsed.pop(key, None)
-            self.users.pop(key, None)
+            self._drop(*key)
+            # the node where the vhost was deleted deletes them from the cluster too
+            self.plugin.report(vhost, "delete_parameter", (self.name, {"name": key[1]}))
         return bool(gone)
 
     def status(self) -> list[dict[str, object]]:
@@ -119,11 +156,10 @@ class Federation:
         self._scheduled = False
         self._stopping: set[asyncio.Task[None]] = set()
 
-    async def start(self, node: Node, listeners: list[Listener]) -> None:
+    def restore(self, node: Node) -> None:
         s = node.settings
         self._node = node
         self._path = Path(s.data_dir) / FILE
-        self._local = LocalBroker(node.port, node.auth.direct_secret)
         for component in (self.upstreams, self.sets):
             node.parameter_components[component.name] = component
         for record in load_records(self._path):
@@ -135,15 +171,22 @@ class Federation:
             except (ParameterInvalid, KeyError) as exc:
                 log.error("stored federation parameter not loaded", record=record,
                           reason=str(exc))
+
+    async def start(self, node: Node, listeners: list[Listener]) -> None:
+        self._local = LocalBroker(node.port, node.auth.direct_secret)
         node.events.definition_changed.subscribe(self._definition_changed)
+        node.events.nodes_changed.subscribe(self._nodes_changed)
         self._reconcile()
 
     async def stop(self) -> None:
         if self._node is not None:
-            self._node.events.definition_changed.unsubscribe(self._definition_changed)
+            if self._local is not None:
+                self._node.events.definition_changed.unsubscribe(self._definition_changed)
+                self._node.events.nodes_changed.unsubscribe(self._nodes_changed)
             for name in (UPSTREAM, UPSTREAM_SET):
                 self._node.parameter_components.pop(name, None)
             self._node = None
+        self._local = None
         links, self.links = list(self.links.values()), {}
         await asyncio.gather(*(link.stop() for link in links), *self._stopping)
 
@@ -156,6 +199,11 @@ class Federation:
     def check_vhost(self, vhost: str) -> None:
         if self._node is not None and vhost not in self._node.vhosts:
             raise ParameterInvalid(f"no vhost '{vhost}'")
+
+    def report(self, vhost: str, what: str, obj: object) -> None:
+        """A parameter changed here: the cluster (the other workers) is told."""
+        if self._node is not None:
+            self._node.changed(vhost, what, obj)
 
     def changed(self) -> None:
         """An upstream or a set changed: keep it, and the links follow on the next turn."""
@@ -175,6 +223,9 @@ class Federation:
                 self._save()
         self._soon()
 
+    def _nodes_changed(self, change: tuple[str, bool]) -> None:
+        self._soon()  # exchange links are placed again
+
     def _soon(self) -> None:
         """Once per loop turn however many changes came (a policy is reported before it is
         applied, so the turn after sees it applied)."""
@@ -191,6 +242,7 @@ class Federation:
         wanted: dict[LinkKey, tuple[Upstream, str]] = {}  # the upstream and who defined it
         bindings: dict[LinkKey, list[tuple[str, dict[str, Any]]]] = {}
         types: dict[LinkKey, str] = {}
+        elsewhere: set[LinkKey] = set()  # wanted, but another node runs it
         for vhost in node.vhosts.values():
             for ex in vhost.exchanges.values():
                 if ex.name == "" or _INTERNAL in (ex.arguments or {}):
@@ -198,6 +250,9 @@ class Federation:
                 definition = ex.policy.definition if ex.policy is not None else None
                 for entry in self._upstreams_for(vhost, definition):
                     key = ("exchange", vhost.name, ex.name, entry[0].name)
+                    if node.cluster.runner("federation/" + "/".join(key)) != node.name:
+                        elsewhere.add(key)
+                        continue
                     wanted[key], types[key] = entry, ex.type
                     bindings[key] = [(b.routing_key, b.arguments_dict()) for b in ex.bindings()]
             for q in vhost.queues.values():
@@ -206,11 +261,15 @@ class Federation:
                     continue
                 definition = policy.definition if policy is not None else None
                 for entry in self._upstreams_for(vhost, definition):
-                    wanted[("queue", vhost.name, q.name, entry[0].name)] = entry
+                    key = ("queue", vhost.name, q.name, entry[0].name)
+                    if q.home not in (None, node.name):
+                        elsewhere.add(key)  # its home node runs its links
+                    else:
+                        wanted[key] = entry
         for key, link in list(self.links.items()):
-            if key not in wanted:  # for good: what it declared upstream goes too
+            if key not in wanted:  # for good, unless it moved: what it declared upstream too
                 del self.links[key]
-                self._stop(link, cleanup=True)
+                self._stop(link, cleanup=key not in elsewhere)
             elif wanted[key] != (link.upstream, link.user) or (
                     isinstance(link, ExchangeLink) and link.exchange_type != types[key]):
                 del self.links[key]  # restarted with its new upstream keys: nothing lost
@@ -222,10 +281,10 @@ class Federation:
             else:
                 kind, vname, name, _ = key
                 if kind == "exchange":
-                    link = ExchangeLink(vname, name, upstream, node.name, local, types[key],
+                    link = ExchangeLink(vname, name, upstream, node.server, local, types[key],
                                         user=user)
                 else:
-                    link = QueueLink(vname, name, upstream, node.name, local,
+                    link = QueueLink(vname, name, upstream, node.server, local,
                                      self._demand(vname, name),
                                      user=user)
                 self.links[key] = link

@@ -15,13 +15,16 @@ from broker.mgmt.api import vhost_of
 from broker.mgmt.authz import Need, add_route, caller, visible_vhosts
 from broker.mgmt.http import (
     NODE,
+    STATS,
     ApiError,
     created_or_updated,
     json_response,
     no_content,
     read_json,
 )
+from broker.mgmt.peers import queues_from_homes
 from broker.mgmt.stats import details
+from broker.mgmt.views import queue_json
 
 if TYPE_CHECKING:
     from broker.access import Principal, User
@@ -41,18 +44,28 @@ HASHING_ALGORITHM = "rabbit_password_hashing_sha256"
 
 
 # -- vhosts -------------------------------------------------------------------------------------
-def vhost_json(node: Node, name: str) -> dict[str, Any]:
-    vhost = node.vhosts[name]
-    totals = {"messages": 0, "messages_ready": 0, "messages_unacknowledged": 0}
-    for q in list(vhost.queues.values()):
-        info = q.info()
-        for key in totals:
-            totals[key] += int(info.get(key, 0))
+_DEPTHS = ("messages", "messages_ready", "messages_unacknowledged")
+
+
+async def _depths(request: web.Request, names: list[str]) -> dict[str, dict[str, int]]:
+    """Each vhost's message counts: its queues' summed, each queue's as its home node (a
+    multi-worker server's worker) counts it (peers.queues_from_homes)."""
+    node, stats = request.app[NODE], request.app[STATS]
+    rows = await queues_from_homes(node, [queue_json(q, stats, node.name) for name in names
+                                          for q in list(node.vhosts[name].queues.values())])
+    out = {name: dict.fromkeys(_DEPTHS, 0) for name in names}
+    for row in rows:
+        for key in _DEPTHS:
+            out[row["vhost"]][key] += int(row.get(key, 0))
+    return out
+
+
+def vhost_json(node: Node, name: str, depths: dict[str, int]) -> dict[str, Any]:
     out: dict[str, Any] = {"name": name, "description": "", "tags": [], "tracing": False,
                            "cluster_state": {m.name: "running" if m.running else "stopped"
                                              for m in node.cluster.members()}}
-    out.update(totals)
-    for key in totals:
+    out.update(depths)
+    for key in depths:
         out[f"{key}_details"] = details(0.0)
     return out
 
@@ -60,14 +73,16 @@ def vhost_json(node: Node, name: str) -> dict[str, Any]:
 async def vhosts(request: web.Request) -> web.Response:
     """Every vhost for monitoring users and administrators, the caller's own for others."""
     node = request.app[NODE]
-    shown = await visible_vhosts(request, monitor_sees_all=True)
-    return json_response([vhost_json(node, name) for name in sorted(v.name for v in shown)])
+    names = sorted(v.name for v in await visible_vhosts(request, monitor_sees_all=True))
+    depths = await _depths(request, names)
+    return json_response([vhost_json(node, name, depths[name]) for name in names])
 
 
 async def vhost_one(request: web.Request) -> web.Response:
     node = request.app[NODE]
     vhost = vhost_of(node, request.match_info["vhost"])
-    return json_response(vhost_json(node, vhost.name))
+    depths = await _depths(request, [vhost.name])
+    return json_response(vhost_json(node, vhost.name, depths[vhost.name]))
 
 
 async def vhost_put(request: web.Request) -> web.Response:

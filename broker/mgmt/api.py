@@ -7,7 +7,6 @@ let it see."""
 
 from __future__ import annotations
 
-import os
 import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -15,7 +14,6 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from broker import __version__
-from broker.flow.memory_monitor import process_memory
 from broker.mgmt.authz import (
     NOT_YOURS,
     Need,
@@ -37,17 +35,23 @@ from broker.mgmt.http import (
 )
 from broker.mgmt.peers import (
     all_consumers,
+    auth_counts,
     client_consumers,
+    close_peer_connection,
+    peer_connection,
     peer_items,
+    peer_nodes,
     peer_totals,
+    quarantined,
     queues_from_homes,
 )
-from broker.mgmt.stats import channels, details, stores
+from broker.mgmt.stats import channels, details, opened_connections
 from broker.mgmt.views import (
     bindings_of,
     channel_json,
     connection_json,
     exchange_json,
+    node_json,
     product,
     properties_key,
     queue_json,
@@ -61,9 +65,8 @@ if TYPE_CHECKING:
     from broker.server.reader import Reader
     from broker.vhost import VHost
 
-__all__ = ["add_routes", "opened_connections", "vhost_of"]
+__all__ = ["add_routes", "vhost_of"]
 
-_STARTED = time.time()
 DEFAULT_EXCHANGE_ALIAS = "amq.default"  # the default exchange's name in URLs
 
 
@@ -87,11 +90,6 @@ def _queue(vhost: VHost, name: str) -> AMQQueue:
     if q is None:
         raise ApiError(404, "Not Found")
     return q
-
-
-def opened_connections(node: Node) -> list[Reader]:
-    """Connections past connection.open (RabbitMQ lists no half-open ones)."""
-    return [conn for conn in list(node.connections) if conn.vhost is not None]
 
 
 def _bool(request: web.Request, name: str) -> bool:
@@ -187,43 +185,18 @@ def _queue_totals(shown: list[AMQQueue], chans: list[Any]) -> dict[str, int]:
     return totals
 
 
-def node_json(node: Node) -> dict[str, Any]:
-    alarms = node.alarms_active()
-    monitor = getattr(node, "memory_monitor", None)
-    out: dict[str, Any] = {
-        "name": node.name,
-        "server": node.server,  # Hare's: the hare-server (workers of one share it)
-        "type": "disc",
-        "running": True,
-        "os_pid": str(os.getpid()),
-        "mem_used": process_memory(),
-        "mem_alarm": "memory" in alarms,
-        "disk_free_alarm": "disk" in alarms,
-        "uptime": int((time.time() - _STARTED) * 1000),
-        "processors": os.cpu_count() or 1,
-        "partitions": [],
-        "applications": [{"name": "hare", "description": "Hare broker", "version": __version__}],
-    }
-    if monitor is not None and hasattr(monitor, "limit"):
-        out["mem_limit"] = int(monitor.limit)
-    disk = getattr(node, "disk_monitor", None)
-    if disk is not None and hasattr(disk, "limit"):
-        # the monitor's last sample: a statvfs here would block the loop on a hung file system
-        if disk.free >= 0:
-            out["disk_free"] = disk.free
-        out["disk_free_limit"] = int(disk.limit)
-    return out
-
-
-def member_json(node: Node, member: Member) -> dict[str, Any]:
-    """A cluster node as /api/nodes shows it: this one in full, the others from the card
-    they keep in etcd (RabbitMQ shows only name, type and running for a stopped node)."""
+def member_json(node: Node, member: Member, rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A cluster node as /api/nodes shows it: this one in full, a running peer with the row
+    it gave (`rows`, peer_nodes), the others from the card they keep in etcd (RabbitMQ shows
+    only name, type and running for a stopped node)."""
     if member.name == node.name:
         return node_json(node)
+    if member.running and member.name in rows:
+        return rows[member.name]
     out: dict[str, Any] = {"name": member.name,
                            "server": member.card.get("server", member.name),
                            "type": "disc", "running": member.running}
-    if member.running:
+    if member.running:  # a peer that did not answer
         card = member.card
         alarms = card.get("alarms", [])
         out.update({
@@ -236,28 +209,48 @@ def member_json(node: Node, member: Member) -> dict[str, Any]:
     return out
 
 
+async def _node_rows(node: Node) -> dict[str, dict[str, Any]]:
+    return {a["row"]["name"]: a["row"] for a in await peer_nodes(node)}
+
+
 async def nodes(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    return json_response([member_json(node, m) for m in node.cluster.members()])
+    rows = await _node_rows(node)
+    return json_response([member_json(node, m, rows) for m in node.cluster.members()])
 
 
 async def node_one(request: web.Request) -> web.Response:
     node = request.app[NODE]
     for m in node.cluster.members():
         if m.name == request.match_info["name"]:
-            return json_response(member_json(node, m))
+            rows = await _node_rows(node) if m.name != node.name else {}
+            return json_response(member_json(node, m, rows))
     raise ApiError(404, "Not Found")
 
 
 async def auth_attempts(request: web.Request) -> web.Response:
-    """Login attempts per protocol since start (RabbitMQ's /api/auth/attempts/{node})."""
+    """Login attempts per protocol since start (RabbitMQ's /api/auth/attempts/{node}): those
+    of the node named, asked over the link when it is not this one; a hare-server's name
+    (its workers' `server`) sums its workers', as its one port takes their logins."""
     node = request.app[NODE]
-    if request.match_info["name"] != node.name:
+    name = request.match_info["name"]
+    parts = [({"name": node.name, "server": node.server}, auth_counts(node))]
+    if name != node.name:
+        parts += [(a["row"], a["auth"]) for a in await peer_nodes(node)]
+    summed: dict[str, list[int]] = {}
+    found = False
+    for row, counts in parts:
+        if name in (row["name"], row.get("server")):
+            found = True
+            for protocol, values in counts.items():
+                was = summed.setdefault(protocol, [0, 0, 0])
+                summed[protocol] = [a + b for a, b in zip(was, values, strict=True)]
+    if not found:
         raise ApiError(404, "Not Found")
     return json_response([
-        {"protocol": protocol, "auth_attempts": c.attempts, "auth_attempts_failed": c.failed,
-         "auth_attempts_succeeded": c.succeeded}
-        for protocol, c in sorted(node.auth.attempts.items())
+        {"protocol": protocol, "auth_attempts": n, "auth_attempts_failed": failed,
+         "auth_attempts_succeeded": succeeded}
+        for protocol, (n, failed, succeeded) in sorted(summed.items())
     ])
 
 
@@ -273,36 +266,58 @@ async def connections(request: web.Request) -> web.Response:
          if c["vhost"] in names and (who.is_monitor or c["user"] == who.name)]))
 
 
-def _connection(request: web.Request, name: str) -> Reader:
+async def _connection(request: web.Request, name: str) -> Reader | dict[str, Any]:
     """A connection the caller may see: its own, or any for monitoring and administrators
-    (RabbitMQ answers 401 for another user's, not 404)."""
-    for conn in opened_connections(request.app[NODE]):
+    (RabbitMQ answers 401 for another user's, not 404). This node's (its reader), else a
+    peer's ({"connection", "channels"}: peers.peer_connection), as the other workers of a
+    server share its management port."""
+    node = request.app[NODE]
+    who = caller(request)
+    for conn in opened_connections(node):
         if conn.name == name:
-            if not caller(request).sees(conn):
+            if not who.sees(conn):
                 raise ApiError(401, NOT_YOURS)
             return conn
-    raise ApiError(404, "Not Found")
+    found = await peer_connection(node, name)
+    if found is None:
+        raise ApiError(404, "Not Found")
+    if not (who.is_monitor or found["connection"]["user"] == who.name):
+        raise ApiError(401, NOT_YOURS)
+    return found
 
 
 async def connection_one(request: web.Request) -> web.Response:
-    node = request.app[NODE]
-    return json_response(connection_json(_connection(request, request.match_info["name"]),
-                                         node))
+    conn = await _connection(request, request.match_info["name"])
+    if isinstance(conn, dict):
+        return json_response(conn["connection"])
+    return json_response(connection_json(conn, request.app[NODE]))
 
 
 async def connection_delete(request: web.Request) -> web.Response:
     """Close with 320 CONNECTION_FORCED; the reason comes from X-Reason, as RabbitMQ. Only
     administrators close other users' connections (monitoring users see them, no more)."""
-    conn = _connection(request, request.match_info["name"])
-    if not caller(request).may_close(conn):
+    who = caller(request)
+    conn = await _connection(request, request.match_info["name"])
+    reason = request.headers.get("X-Reason") or "Closed via management plugin"
+    if isinstance(conn, dict):
+        info = conn["connection"]
+        if not (who.is_admin or info["user"] == who.name):
+            raise ApiError(401, NOT_YOURS)
+        if not await close_peer_connection(request.app[NODE], info["node"], info["name"],
+                                           reason):
+            raise ApiError(404, "Not Found")  # closed meanwhile
+        return no_content()
+    if not who.may_close(conn):
         raise ApiError(401, NOT_YOURS)
-    conn.force_close(request.headers.get("X-Reason") or "Closed via management plugin")
+    conn.force_close(reason)
     return no_content()
 
 
 async def connection_channels(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    conn = _connection(request, request.match_info["name"])
+    conn = await _connection(request, request.match_info["name"])
+    if isinstance(conn, dict):
+        return json_response(conn["channels"])
     return json_response([channel_json(ch, node) for ch in list(conn.channels.values())])
 
 
@@ -541,9 +556,9 @@ async def binding_one(request: web.Request) -> web.Response:
 
 async def quarantine(request: web.Request) -> web.Response:
     """Messages set aside when their body was found damaged at read (broker/store/quarantine.py),
-    from every message store; what `hare-ctl verify` lists offline."""
-    return json_response([m for store in stores(request.app[NODE])
-                          for m in store.quarantined_messages()])
+    from every message store of every node (worker); what `hare-ctl verify` lists offline."""
+    node = request.app[NODE]
+    return json_response(quarantined(node) + await peer_items(node, "quarantine"))
 
 
 def add_routes(app: web.Application) -> None:

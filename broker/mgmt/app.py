@@ -78,7 +78,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 async def _cluster(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A change made over HTTP is answered once the cluster has it (a single node: at once);
     while the cluster cannot take changes they are refused with 503 before anything is done.
-    Reads (and the aliveness test, which declares nothing new) pass straight through."""
+    Reads pass straight through (the aliveness test commits the queue it declares)."""
     if request.method not in ("PUT", "POST", "DELETE") or not request.path.startswith("/api"):
         return await handler(request)
     cluster = request.app[NODE].cluster

@@ -103,7 +103,13 @@ async def aliveness_test(request: web.Request) -> web.Response:
     await require_declare(request, vhost, "queue", ALIVENESS_QUEUE, None)
     await require(request, vhost.name, "exchange", "", "write")
     await require(request, vhost.name, "queue", ALIVENESS_QUEUE, "read")
+    if ALIVENESS_QUEUE not in vhost.queues:  # the first test declares it, in the cluster too
+        # (as a PUT: else each node, or each worker of a server, had one of its own)
+        await node.cluster.check_queue_declare(
+            vhost, ALIVENESS_QUEUE, durable=False, exclusive=False, auto_delete=False,
+            arguments={}, server_named=False)
     q = vhost.declare_queue(ALIVENESS_QUEUE)
+    await node.cluster.commit()  # nothing to wait for once it exists
     msg = Message("", ALIVENESS_QUEUE, encode_properties(commands.Basic.Properties()),
                   b"test_message")
     for target in vhost.route(vhost.default_exchange, msg):

@@ -3,22 +3,27 @@
     POST /api/exchanges/{vhost}/{name}/publish   -> {"routed": true}
     POST /api/queues/{vhost}/{name}/get          -> [{"payload": ..., "properties": ...}, ...]
 
-Not for production traffic (no confirms, no flow control), as RabbitMQ warns too. A publish is
-routed like a channel's (alternate exchanges included) and handed to each queue's mailbox the
-way dead-lettering does it. Both need what a channel would: write on the exchange (and on
-every routing key, CC and BCC included, of a topic exchange with topic permissions) and a
-`user_id` that is the caller's own; read on the queue."""
+Not for production traffic (no flow control), as RabbitMQ warns too. A publish is routed like
+a channel's (alternate exchanges included) and handed to each queue's mailbox the way
+dead-lettering does it; the answer waits, as RabbitMQ's waits for its publisher confirm, until
+every queue has it (a queue on another worker or node too), so a get right after finds it.
+Both need what a channel would: write on the exchange (and on every routing key, CC and BCC
+included, of a topic exchange with topic permissions) and a `user_id` that is the caller's
+own; read on the queue."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import datetime
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from pamqp import commands
 
+from broker.flow.credit_flow import CreditFlow
 from broker.message import Message, encode_properties
 from broker.mgmt.api import DEFAULT_EXCHANGE_ALIAS, vhost_of
 from broker.mgmt.authz import Need, add_route, caller, require, require_topic
@@ -42,6 +47,30 @@ _PROPERTIES = {
 }
 _ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true",
              "reject_requeue_false")
+
+
+_CONFIRM_WAIT = 5.0  # s; past it the answer goes anyway (a queue's home that stopped answering)
+
+
+class _Confirmed:
+    """The publishing side of one HTTP publish: done once every queue it went to has
+    confirmed, refused or lost it."""
+
+    def __init__(self, queues: int) -> None:
+        self.credit_flow = CreditFlow(self)
+        self.left = queues
+        self.done = asyncio.get_running_loop().create_future()
+
+    def _settle(self, n: int) -> None:
+        self.left -= n
+        if self.left <= 0 and not self.done.done():
+            self.done.set_result(None)
+
+    def queue_confirmed(self, queue: Any, seqs: list[int], rejected: list[int]) -> None:
+        self._settle(len(seqs) + len(rejected))
+
+    def publishes_lost(self, queue: Any, items: list[tuple[Message, int]]) -> None:
+        self._settle(len(items))
 
 
 def _properties(raw: object) -> commands.Basic.Properties:
@@ -116,8 +145,12 @@ async def publish(request: web.Request) -> web.Response:
         raise ApiError(400, f"{exc.code} {exc.reply_text}") from None
     await require_topic(request, vhost.name, ex.name, keys, "write", publishing=True)
     queues = list(vhost.route(ex, msg))
-    for q in queues:
-        q.post_publishes(None, [(msg, 0)])
+    if queues:
+        publisher = _Confirmed(len(queues))
+        for q in queues:
+            q.post_publishes(publisher, [(msg, 1)])
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(publisher.done, _CONFIRM_WAIT)
     return json_response({"routed": bool(queues)})
 
 

@@ -17,18 +17,13 @@ from prometheus_client.registry import Collector
 from broker import __version__
 from broker.flow.memory_monitor import process_memory
 from broker.mgmt.http import NODE, STATS
-from broker.mgmt.peers import peer_items, peer_totals
-from broker.mgmt.stats import Stats, channels, queues, stores
+from broker.mgmt.peers import STORE_FIGURES, peer_items, peer_totals, store_figures
+from broker.mgmt.stats import Stats, channels, opened_connections, queues
 
 if TYPE_CHECKING:
     from broker.node import Node
 
 __all__ = ["HareCollector", "add_routes", "render"]
-
-
-def _store_stats(node: Node) -> list[tuple[str, dict[str, Any]]]:
-    """(name, stats) of each message store."""
-    return [(store.name, store.stats()) for store in stores(node)]
 
 
 class HareCollector(Collector):
@@ -53,7 +48,7 @@ class HareCollector(Collector):
         build.add_metric(["Hare", __version__], 1)
         yield build
 
-        conns = [c for c in list(node.connections) if c.vhost is not None]
+        conns = opened_connections(node)
         all_queues = list(queues(node))
         peers = self.peers
         infos = [self.homes.get((q.vhost.name, q.name)) or q.info() for q in all_queues]
@@ -135,7 +130,12 @@ class HareCollector(Collector):
                                     "The content budget: above it the connections holding the "
                                     "most stop being read", budget.limit)
 
-        store_stats = _store_stats(node)
+        store_stats = store_figures(node)  # each store's summed over the workers
+        for p in peers:
+            for name, figures in p.get("stores", {}).items():
+                summed = store_stats.setdefault(name, dict.fromkeys(STORE_FIGURES, 0))
+                for key in STORE_FIGURES:
+                    summed[key] += figures.get(key, 0)
         if store_stats:
             size = GaugeMetricFamily("hare_store_bytes", "Bytes in a message store's files",
                                      labels=["store"])
@@ -146,7 +146,7 @@ class HareCollector(Collector):
                 "hare_store_quarantined_messages",
                 "Messages set aside in quarantine/ when found damaged at read",
                 labels=["store"])
-            for name, st in store_stats:
+            for name, st in sorted(store_stats.items()):
                 size.add_metric([name], st.get("bytes", 0))
                 garbage.add_metric([name], st.get("garbage_bytes", 0))
                 quarantined.add_metric([name], st.get("quarantined_messages", 0))

@@ -24,6 +24,7 @@ from broker.mgmt.http import (
     no_content,
     read_json,
 )
+from broker.mgmt.peers import all_status
 
 if TYPE_CHECKING:
     from broker.node.plugin import ParameterComponent
@@ -45,8 +46,9 @@ async def federation_links(request: web.Request) -> web.Response:
     """/api/federation-links[/{vhost}]: the federation plugin's links (broker/federation),
     which its `federation-upstream` component's status() lists."""
     vhosts = await _visible(request)
-    return json_response([s for s in _component(request, "federation-upstream").status()
-                          if s["vhost"] in vhosts])
+    _component(request, "federation-upstream")  # 404 when the plugin is not there
+    rows = await all_status(request.app[NODE], "federation-upstream")
+    return json_response([s for s in rows if s["vhost"] in vhosts])
 
 
 async def _visible(request: web.Request) -> set[str]:
@@ -93,8 +95,9 @@ async def parameter_delete(request: web.Request) -> web.Response:
 async def shovels_list(request: web.Request) -> web.Response:
     vhosts = await _visible(request)
     static_too = "vhost" not in request.match_info and caller(request).is_admin
-    return json_response([s for s in _component(request, SHOVEL).status()
-                          if s.get("vhost", None) in vhosts
+    _component(request, SHOVEL)  # 404 when the plugin is not there
+    rows = await all_status(request.app[NODE], SHOVEL)
+    return json_response([s for s in rows if s.get("vhost", None) in vhosts
                           or ("vhost" not in s and static_too)])
 
 

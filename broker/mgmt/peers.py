@@ -5,7 +5,9 @@ peers over the link (`cluster.ask_peers`, answered by the handler registered her
 merges their parts with its own, so any node (any worker behind the one port) shows the
 whole broker: every queue once with its home's figures, every connection, every consumer
 once (listed by the node of its channel, its `active` as its queue's home decides it),
-summed totals. A single node has no peers: nothing is asked."""
+summed totals; a connection named in a request is found (and closed) on the node that holds it,
+and each node's row of /api/nodes has its own figures. A single node has no peers: nothing is
+asked."""
 
 from __future__ import annotations
 
@@ -15,16 +17,23 @@ from typing import TYPE_CHECKING, Any
 
 from broker.flow.memory_monitor import process_memory
 from broker.mgmt.http import dumps
-from broker.mgmt.stats import channels
-from broker.mgmt.views import channel_json, connection_json, consumer_json, queue_json
+from broker.mgmt.stats import channels, opened_connections, stores
+from broker.mgmt.views import (
+    channel_json,
+    connection_json,
+    consumer_json,
+    node_json,
+    queue_json,
+)
 
 if TYPE_CHECKING:
     from broker.mgmt.stats import Stats
     from broker.node import Node
     from broker.vhost import VHost
 
-__all__ = ["OP", "all_consumers", "client_consumers", "peer_items", "peer_totals",
-           "queues_from_homes", "register"]
+__all__ = ["OP", "all_consumers", "all_status", "auth_counts", "client_consumers",
+           "close_peer_connection", "peer_connection", "peer_items", "peer_nodes", "peer_totals",
+           "quarantined", "queues_from_homes", "register", "store_figures"]
 
 OP = "mgmt_part"
 
@@ -36,14 +45,17 @@ def register(node: Node, stats: Stats) -> None:
 async def _answer(node: Node, stats: Stats, m: dict[str, Any]) -> dict[str, Any]:
     kind = m.get("kind")
     if kind == "totals":
-        conns = [c for c in list(node.connections) if c.vhost is not None]
+        conns = opened_connections(node)
         return {"connections": len(conns),
                 "channels": sum(len(c.channels) for c in conns), "totals": stats.totals(),
                 "consumers": client_consumers(node, list(node.vhosts.values())),
                 # what /metrics sums over the nodes (workers) besides
                 "rss": process_memory(), "alarms": sorted(node.alarms_active()),
-                "auth": {p: [c.attempts, c.failed, c.succeeded]
-                         for p, c in node.auth.attempts.items()}}
+                "auth": auth_counts(node), "stores": store_figures(node)}
+    if kind == "node":  # its own /api/nodes row (the others' cards carry no figures)
+        return {"row": node_json(node), "auth": auth_counts(node)}
+    if kind == "connection":
+        return _connection_here(node, m)
     if kind == "consumers":
         return {"json": dumps(_consumers_here(node, _queue_key(m)))}
     items: list[dict[str, Any]]
@@ -51,20 +63,24 @@ async def _answer(node: Node, stats: Stats, m: dict[str, Any]) -> dict[str, Any]
         items = [queue_json(q, stats, node.name) for v in list(node.vhosts.values())
                  for q in list(v.queues.values()) if q.home in (None, node.name)]
     elif kind == "connections":
-        items = [connection_json(c, node) for c in list(node.connections)
-                 if c.vhost is not None]
+        items = [connection_json(c, node) for c in opened_connections(node)]
     elif kind == "channels":
         items = [channel_json(ch, node) for ch in channels(node)]
+    elif kind == "quarantine":
+        items = quarantined(node)
+    elif kind == "status":  # a plugin's running shovels or links
+        items = _status_here(node, str(m.get("component")))
     else:
         return {"error": f"unknown part {kind!r}"}
     # management JSON holds AMQP values (bytes, decimals) the link's JSON does not take
     return {"json": dumps(items)}
 
 
-async def peer_items(node: Node, kind: str) -> list[dict[str, Any]]:
-    """Every peer's items of `kind` (queues homed there, its connections, its channels)."""
+async def peer_items(node: Node, kind: str, **question: Any) -> list[dict[str, Any]]:
+    """Every peer's items of `kind` (queues homed there, its connections, its channels, a
+    plugin's status rows: `question` says which plugin)."""
     out: list[dict[str, Any]] = []
-    for answer in await node.cluster.ask_peers(OP, {"kind": kind}):
+    for answer in await node.cluster.ask_peers(OP, {"kind": kind, **question}):
         if "json" in answer:
             out.extend(json.loads(answer["json"]))
     return out
@@ -79,6 +95,74 @@ async def queues_from_homes(node: Node, local: list[dict[str, Any]]) -> list[dic
     homes = {(q["vhost"], q["name"]): q for q in await peer_items(node, "queues")}
     return [{**q, **homes.get((q["vhost"], q["name"]), {})} if q["node"] != node.name else q
             for q in local]
+
+
+def _status_here(node: Node, component: str) -> list[dict[str, Any]]:
+    here = node.parameter_components.get(component)
+    return list(here.status()) if here is not None else []
+
+
+def auth_counts(node: Node) -> dict[str, list[int]]:
+    """This node's login attempts per protocol: [attempts, failed, succeeded]."""
+    return {p: [c.attempts, c.failed, c.succeeded] for p, c in node.auth.attempts.items()}
+
+
+async def peer_nodes(node: Node) -> list[dict[str, Any]]:
+    """Each peer's own /api/nodes row ("row") and login attempts ("auth", auth_counts)."""
+    return [a for a in await node.cluster.ask_peers(OP, {"kind": "node"}) if "row" in a]
+
+
+STORE_FIGURES = ("bytes", "garbage_bytes", "quarantined_messages")
+
+
+def store_figures(node: Node) -> dict[str, dict[str, int]]:
+    """What /metrics shows of each message store of this node, by store name (a
+    multi-worker server's workers each have theirs: /metrics sums them)."""
+    out: dict[str, dict[str, int]] = {}
+    for store in stores(node):
+        st = store.stats()
+        out[store.name] = {key: int(st.get(key, 0)) for key in STORE_FIGURES}
+    return out
+
+
+def quarantined(node: Node) -> list[dict[str, Any]]:
+    """The messages this node's stores set aside (broker/store/quarantine.py), each with its
+    node: a multi-worker server's workers have a store each."""
+    return [{**m, "node": node.name} for store in stores(node)
+            for m in store.quarantined_messages()]
+
+
+def _connection_here(node: Node, m: dict[str, Any]) -> dict[str, Any]:
+    """Connection m["name"] if it is this node's: its JSON and its channels', or closed
+    (m["close"]: the reason) when m["node"] names this node; {} when it is not here."""
+    if m.get("node", node.name) != node.name:
+        return {}
+    conn = next((c for c in opened_connections(node) if c.name == m.get("name")), None)
+    if conn is None:
+        return {}
+    if "close" in m:
+        conn.force_close(str(m["close"]))
+        return {"closed": True}
+    return {"json": dumps({"connection": connection_json(conn, node),
+                           "channels": [channel_json(ch, node)
+                                        for ch in list(conn.channels.values())]})}
+
+
+async def peer_connection(node: Node, name: str) -> dict[str, Any] | None:
+    """The peer's connection called `name`, as {"connection": its JSON, "channels": its
+    channels' JSON}; None when no peer has it."""
+    for answer in await node.cluster.ask_peers(OP, {"kind": "connection", "name": name}):
+        if "json" in answer:
+            found: dict[str, Any] = json.loads(answer["json"])
+            return found
+    return None
+
+
+async def close_peer_connection(node: Node, holder: str, name: str, reason: str) -> bool:
+    """Close connection `name` of peer `holder` (320, `reason`); False when it is gone."""
+    answers = await node.cluster.ask_peers(
+        OP, {"kind": "connection", "name": name, "node": holder, "close": reason})
+    return any(a.get("closed") for a in answers)
 
 
 async def peer_totals(node: Node, *, same_server: bool = False) -> list[dict[str, Any]]:
@@ -145,3 +229,9 @@ async def all_consumers(node: Node, only: QueueKey = None) -> list[dict[str, Any
                 c["active"], c["activity_status"] = seen
             out.append(c)
     return out
+
+
+async def all_status(node: Node, component: str) -> list[dict[str, Any]]:
+    """Every node's status rows of a parameter component (its running shovels or links),
+    this node's first: a shovel or link runs on one node of the cluster."""
+    return _status_here(node, component) + await peer_items(node, "status", component=component)

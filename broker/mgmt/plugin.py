@@ -28,6 +28,9 @@ class Management:
         self._node: Node | None = None
         self._runner: web.AppRunner | None = None
 
+    def restore(self, node: Node) -> None:
+        pass  # no definitions of its own
+
     async def start(self, node: Node, listeners: list[Listener]) -> None:
         if not listeners:
             return  # management_port 0 and no HTTPS: nothing to serve, nothing to sample
@@ -36,7 +39,7 @@ class Management:
 
         stats = Stats(node, self.sample_interval_s)
         self._runner = await serve(node, stats, listeners)
-        register(node, stats)  # our part of the other nodes' answers
+        register(node, stats)  # our part of the other nodes' answers (plugins' status too)
         self.stats, self._node = stats, node
         # a channel's counters join the totals when it closes, not at the next sample
         node.events.channel_closed.subscribe(stats.channel_closed)

@@ -21,10 +21,12 @@ if TYPE_CHECKING:
     from broker.node import Node
     from broker.queue.amqqueue import AMQQueue
     from broker.server.channel import Channel
+    from broker.server.reader import Reader
     from broker.store.msg_store import MsgStore
 
 __all__ = [
-    "CHANNEL_COUNTERS", "QUEUE_COUNTERS", "Stats", "channels", "details", "queues", "stores",
+    "CHANNEL_COUNTERS", "QUEUE_COUNTERS", "Stats", "channels", "details", "opened_connections",
+    "queues", "stores",
 ]
 
 log = structlog.get_logger("hare.mgmt")
@@ -54,6 +56,11 @@ def queues(node: Node) -> Iterator[AMQQueue]:
 def channels(node: Node) -> Iterator[Channel]:
     for conn in list(node.connections):
         yield from list(conn.channels.values())
+
+
+def opened_connections(node: Node) -> list[Reader]:
+    """Connections past connection.open (RabbitMQ lists no half-open ones)."""
+    return [conn for conn in list(node.connections) if conn.vhost is not None]
 
 
 def stores(node: Node) -> list[MsgStore]:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from broker import __version__
 from broker.access import rfc4514
+from broker.flow.memory_monitor import process_memory
 from broker.mgmt.stats import QUEUE_COUNTERS, Stats, details
 from broker.queue.amqqueue import AMQQueue
 from broker.routing.delayed import DelayedMessageExchange
@@ -31,9 +33,12 @@ __all__ = [
     "connection_json",
     "consumer_json",
     "exchange_json",
+    "node_json",
     "properties_key",
     "queue_json",
 ]
+
+_STARTED = time.time()
 
 # What a message costs besides its body (entry tuple, Message object, properties): an
 # estimate for the `memory` field, as Python cannot cheaply measure one queue's share.
@@ -301,3 +306,31 @@ def consumer_json(c: Consumer, node_name: str) -> dict[str, Any]:
 
 def product() -> dict[str, str]:
     return {"product_name": "Hare", "product_version": __version__}
+
+
+def node_json(node: Node) -> dict[str, Any]:
+    alarms = node.alarms_active()
+    monitor = getattr(node, "memory_monitor", None)
+    out: dict[str, Any] = {
+        "name": node.name,
+        "server": node.server,  # Hare's: the hare-server (workers of one share it)
+        "type": "disc",
+        "running": True,
+        "os_pid": str(os.getpid()),
+        "mem_used": process_memory(),
+        "mem_alarm": "memory" in alarms,
+        "disk_free_alarm": "disk" in alarms,
+        "uptime": int((time.time() - _STARTED) * 1000),
+        "processors": os.cpu_count() or 1,
+        "partitions": [],
+        "applications": [{"name": "hare", "description": "Hare broker", "version": __version__}],
+    }
+    if monitor is not None and hasattr(monitor, "limit"):
+        out["mem_limit"] = int(monitor.limit)
+    disk = getattr(node, "disk_monitor", None)
+    if disk is not None and hasattr(disk, "limit"):
+        # the monitor's last sample: a statvfs here would block the loop on a hung file system
+        if disk.free >= 0:
+            out["disk_free"] = disk.free
+        out["disk_free_limit"] = int(disk.limit)
+    return out

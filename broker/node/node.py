@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -22,6 +23,7 @@ from broker.flow.memory_pressure import QueueLoad, ram_targets
 from broker.node.durable import Durable
 from broker.node.plugin import NodeEvents, ParameterComponent, Plugin
 from broker.queue.amqqueue import AMQQueue
+from broker.server import limits
 from broker.server.direct_reply import ReplyRegistry
 from broker.server.listener import (
     Listener,
@@ -93,8 +95,11 @@ class Node:
         # runtime parameter components plugins own ("shovel"), served by the management API
         self.parameter_components: dict[str, ParameterComponent] = {}
         # calls a peer node may make over the link (`cluster.ask_peers`), by op: plugins
-        # answer with their part of a cluster-wide view (the management API's lists)
-        self.peer_handlers: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {}
+        # answer with their part of a cluster-wide view (the management API's lists), the
+        # server its connections and channels for the limits
+        self.peer_handlers: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
+            limits.OP: partial(limits.answer, self),
+        }
         self.cluster = make_cluster(self)  # this node alone, or a member of an etcd cluster
 
     # -- set-up -----------------------------------------------------------------------------
@@ -152,6 +157,8 @@ class Node:
             self.durable = Durable(self)
             await self.durable.start()
             recovered = True
+            for plugin in self.plugins:  # their own definitions (shovels), before the cluster's
+                plugin.restore(self)
             checkpoint()
             await self.cluster.sync()  # the cluster's definitions over what the disk kept
             checkpoint()

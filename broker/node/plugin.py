@@ -44,7 +44,7 @@ class Event(Generic[T]):
 class NodeEvents:
     """The events a node's parts report."""
 
-    __slots__ = ("channel_closed", "definition_changed")
+    __slots__ = ("channel_closed", "definition_changed", "nodes_changed")
 
     def __init__(self) -> None:
         # a channel has ended: its counters are final (the management's totals keep them)
@@ -52,6 +52,9 @@ class NodeEvents:
         # (vhost, what, object) as Node.changed gets it: an exchange, queue, binding, policy
         # or vhost changed (reported before a policy change is applied: act on the next turn)
         self.definition_changed: Event[tuple[str | None, str, object]] = Event()
+        # (node name, running): a node of the cluster (a worker of a multi-worker server)
+        # started or stopped running; what runs once in the cluster is placed again
+        self.nodes_changed: Event[tuple[str, bool]] = Event()
 
 
 class Plugin(Protocol):
@@ -59,6 +62,11 @@ class Plugin(Protocol):
 
     # the protocols of the node's listeners it serves ("http", "https"); () for none
     listens: tuple[str, ...]
+
+    def restore(self, node: Node) -> None:
+        """Before the cluster's definitions are taken (the node has restored its own): register
+        the plugin's parameter components and load what it kept on disk, running nothing yet,
+        so the cluster's state can be applied over it (or seeded from it)."""
 
     async def start(self, node: Node, listeners: list[Listener]) -> None:
         """Serve `listeners` (bound and listening; empty when none of its protocols is on)."""
@@ -84,4 +92,12 @@ class ParameterComponent(Protocol):
         """Remove and stop it; False when there was none."""
 
     def status(self) -> list[dict[str, object]]:
-        """What each running instance is doing (GET /api/shovels)."""
+        """What each instance running on this node is doing (GET /api/shovels; the other
+        nodes' rows are theirs to give)."""
+
+    def records(self) -> list[dict[str, object]]:
+        """Every parameter as the cluster keeps it: {"vhost", "name", "value", "user"}."""
+
+    def apply(self, vhost: str, name: str, record: dict[str, object] | None) -> None:
+        """The cluster's state of one parameter (another node's put or delete, or the
+        cluster's at start; None: there is none), made this node's without reporting it."""

@@ -31,11 +31,13 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import structlog
 
 from broker.cluster.meta_server import MetaServer
+from broker.cluster.metadata import cluster_root, transient_keys
 from broker.config import MemoryWatermark, Settings
 from broker.node.node import bind_listeners
 from broker.server.listener import BANNERS, Listener, close_all, listen_all
@@ -144,11 +146,14 @@ def watch_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-async def start_meta(data_dir: Path) -> MetaServer:
+async def start_meta(data_dir: Path, cluster_name: str) -> MetaServer:
     """The metadata service of this process tree: the parent's own (meta_server.py, etcd's
     JSON gateway subset on loopback, behind a token), its log in <data_dir>/meta.log, so the
-    definitions and the workers' names outlive a restart of the whole server."""
-    return await MetaServer.start(data_dir)
+    durable definitions and the workers' names outlive a restart of the whole server; the
+    non-durable ones (exchanges, queues, their bindings) go, as a single process's do. A
+    worker's restart does not touch them: the server was up."""
+    return await MetaServer.start(
+        data_dir, forget=partial(transient_keys, cluster_root(cluster_name)))
 
 
 class _Worker:
@@ -178,7 +183,8 @@ class Supervisor:
             self.listeners = bind_listeners(self.settings)
             listen_all(self.listeners)
             if not self.settings.cluster_etcd:  # else the workers are nodes of that cluster
-                self.meta = await start_meta(self.settings.data_dir)
+                self.meta = await start_meta(self.settings.data_dir,
+                                               self.settings.cluster_name)
             # SIGTERM while the workers start: each is sent SIGTERM at once, which stops its
             # own start at its next step (broker/cli.py), instead of waiting for them to serve
             started, _ = await unless_stopped(stop, self._start_workers())

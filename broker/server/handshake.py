@@ -1,10 +1,11 @@
 """The connection handshake's steps for one Reader (RabbitMQ's rabbit_reader before
 `running`): protocol header -> connection.start; start-ok (SASL login, perhaps an auth backend
-asked over the network) -> tune; tune-ok -> the negotiated limits; open (vhost, user limits,
+asked over the network) -> tune; tune-ok -> the negotiated limits; open (vhost, the user's and
+the vhost's connection limits counted over the whole broker by broker/server/limits.py,
 permissions) -> open-ok and heartbeats; and the handshake timeout. What is allowed and the
 errors' texts are broker/protocol/handshake.py's plain rules; this module sends, keeps the
-reader's state and waits for auth backends. The reader calls it for channel-0 methods only,
-never on the publish path."""
+reader's state and waits for auth backends and other nodes. The reader calls it for channel-0
+methods only, never on the publish path."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from broker.protocol.handshake import (
     whole_publishes_fit,
 )
 from broker.server.heartbeat import Heartbeat
+from broker.server.limits import NO_COUNTS, Counts, local_counts, peer_counts
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -80,7 +82,7 @@ class Handshake:
             return b""
         r.state = ConnectionState.AWAIT_START_OK
         r._send0(connection_start(
-            __version__, r.node.name, offered(r.node.auth.mechanisms, r.tls is not None)))
+            __version__, r.node.server, offered(r.node.auth.mechanisms, r.tls is not None)))
         return rest
 
     def start_ok(self, m: commands.Connection.StartOk) -> None:
@@ -103,7 +105,7 @@ class Handshake:
         if isinstance(result, Principal):
             self._logged_in(result)
         else:
-            self._await(result, self._logged_in, m.mechanism)
+            self.pause_for(result, self._logged_in, m.mechanism)
 
     def _logged_in(self, principal: Principal) -> None:
         r = self.reader
@@ -118,11 +120,12 @@ class Handshake:
             )
         )
 
-    def _await(self, awaitable: Awaitable[Any], then: Callable[[Any], None],
-               mechanism: str = "") -> None:
-        """Ask an auth backend over the network without blocking the loop: reading pauses
-        until the answer is in (the backend's timeout bounds the wait), then `then` runs with
-        it and the frames that were held back are processed."""
+    def pause_for(self, awaitable: Awaitable[Any], then: Callable[[Any], None],
+                  mechanism: str = "") -> None:
+        """Ask over the network (an auth backend, the other nodes' counts for a limit)
+        without blocking the loop: reading pauses until the answer is in (the backend's or
+        the link's timeout bounds the wait), then `then` runs with it and the frames that
+        were held back are processed."""
         r = self.reader
 
         async def ask() -> Any:
@@ -130,7 +133,7 @@ class Handshake:
 
         assert r.transport is not None
         r.transport.pause_reading()
-        task = r._waiting = r.loop.create_task(ask(), name=f"auth:{r.name}")
+        task = r._waiting = r.loop.create_task(ask(), name=f"wait:{r.name}")
 
         def done(_: asyncio.Task[Any]) -> None:
             if r._waiting is not task:  # the connection went meanwhile
@@ -142,6 +145,8 @@ class Handshake:
                 r.connection_error(_login_refused(mechanism, exc))
             except ConnectionError_ as exc:
                 r.connection_error(exc)
+            if r._waiting is not None:  # `then` waits for something more: so do the frames
+                return
             held, r._held_for_auth = r._held_for_auth, []
             if r.state >= CLOSING:
                 r._closing_frames(held, 0)  # a close that crossed ours still gets close-ok
@@ -165,14 +170,32 @@ class Handshake:
             # every publish goes through the assembler, which refuses a body over the limit
             r.whole_publishes = False
 
-    def open(self, m: commands.Connection.Open) -> None:
+    def open(self, m: commands.Connection.Open, peers: Counts | None = None) -> None:
+        """connection.open: the vhost, the limits (counted over the whole broker: `peers` is
+        the other nodes' part, asked first when a limit is set), the user's access."""
+        try:
+            self._open(m, peers)
+        except BaseException:
+            self.reader.opening = None
+            raise
+
+    def _open(self, m: commands.Connection.Open, peers: Counts | None) -> None:
         r = self.reader
         node = r.node
         vhost = node.vhosts.get(m.virtual_host)
         if vhost is None:
             raise ConnectionError_(NOT_ALLOWED, f"vhost {m.virtual_host} not found", (10, 40))
         limit = node.users.limit(r.user, "max-connections")
-        if limit >= 0 and self._user_connections() >= limit:
+        if peers is None:
+            if node.cluster.clustered and (
+                    limit >= 0 or vhost.params.limits.get("max-connections", -1) >= 0):
+                r.opening = vhost.name  # counted by the other nodes while they are asked
+                self.pause_for(peer_counts(node, r.user, vhost.name),
+                               lambda counts: self.open(m, counts))
+                return
+            peers = NO_COUNTS
+        counts = local_counts(node, r.user, vhost.name, besides=r) + peers
+        if limit >= 0 and counts.user_connections >= limit:
             raise ConnectionError_(
                 NOT_ALLOWED,
                 f"connection refused for user '{r.user}': user connection limit ({limit}) "
@@ -183,7 +206,7 @@ class Handshake:
         try:
             allowed = node.auth.vhost_allowed(r.principal, m.virtual_host, r.peer[0])
         except Pending as pending:
-            self._await(pending.wait(), lambda _: self.open(m))
+            self.pause_for(pending.wait(), lambda _: self.open(m, peers))
             return
         if not allowed:
             raise ConnectionError_(
@@ -191,7 +214,8 @@ class Handshake:
                 f"access to vhost '{m.virtual_host}' refused for user '{r.user}'",
                 (10, 40),
             )
-        vhost.params.check_new_connection(r.user)
+        vhost.params.check_new_connection(r.user, counts.vhost_connections)
+        r.opening = None
         r.vhost = vhost
         r.state = OPENED
         r.opened_at = r.loop.time()
@@ -213,12 +237,6 @@ class Handshake:
         if r.state < OPENED:
             log.warning("handshake timeout", peer=r._peer(), state=r.state)
             r._close_transport()
-
-    def _user_connections(self) -> int:
-        """Open connections of this connection's user (the user limit counts them)."""
-        r = self.reader
-        return sum(1 for c in r.node.connections
-                   if c.state == OPENED and c.user == r.user and c is not r)
 
     def _is_loopback(self) -> bool:
         peer = self.reader.peer[0]

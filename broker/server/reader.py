@@ -41,6 +41,7 @@ from broker.protocol.errors import AMQPError, ChannelError, ConnectionError_
 from broker.protocol.handshake import check_channel_count, client_capability
 from broker.server.channel import Channel
 from broker.server.handshake import Handshake
+from broker.server.limits import NO_COUNTS, Counts, local_counts, peer_counts
 from broker.server.writer import Writer
 
 if TYPE_CHECKING:
@@ -110,6 +111,10 @@ class Reader(asyncio.Protocol):
         # already cut wait in _held_for_auth until the answer is in
         self._waiting: asyncio.Task[Any] | None = None
         self._held_for_auth: list[tuple[int, int, Any]] = []
+        # counted by the limits while the other nodes are asked (broker/server/limits.py):
+        # the vhost of a connection.open being checked, channel.opens being checked
+        self.opening: str | None = None
+        self.channels_opening = 0
         self.client_properties: dict[str, Any] = {}
         self.channel_max = node.settings.channel_max
         self.frame_max = node.settings.frame_max
@@ -213,12 +218,19 @@ class Reader(asyncio.Protocol):
                     ):
                         if self.alarm_blocked:
                             ch.published_since_alarm = True
-                        ch.mailbox.put_quiet(payload)
-                        touched[ch] = touched.get(ch, 0) + 1  # credit spent at the chunk's end
+                        # this publish and the whole ones right behind it on this channel,
+                        # in one compiled call; credit is spent at the chunk's end
+                        end = ch.put_publishes(batch, i)
+                        touched[ch] = touched.get(ch, 0) + end - i
+                        i = end  # put_quiet changes no state: nothing to check below
+                        continue
                     else:
                         self._split_publish(channel, payload)
                 else:
                     self._channel_frame(ftype, channel, payload)
+                    if self._waiting is not None:  # a channel.open checks a limit first
+                        self._held_for_auth = batch[i + 1:]
+                        return
                 i += 1
                 if self.state >= CLOSING:
                     self._closing_frames(batch, i)
@@ -415,22 +427,39 @@ class Reader(asyncio.Protocol):
             return
         self._channel_frame(FRAME_BODY, number, body)
 
-    def _open_channel(self, number: int) -> None:
+    def _open_channel(self, number: int, peers: Counts | None = None) -> None:
         check_channel_count(len(self.channels), self.channel_max)
         limit = self.node.users.limit(self.user, "max-channels")
-        if limit >= 0 and self._user_channels() >= limit:
-            raise ConnectionError_(
-                NOT_ALLOWED,
-                f"number of channels opened for user '{self.user}' has reached the maximum "
-                f"allowed user limit of ({limit})",
-                (20, 10),
-            )
+        if limit >= 0:
+            if peers is None and self.node.cluster.clustered:
+                self._ask_channel_counts(number)
+                return
+            counts = local_counts(self.node, self.user, self.vhost.name) + (peers or NO_COUNTS)
+            if counts.user_channels >= limit:
+                raise ConnectionError_(
+                    NOT_ALLOWED,
+                    f"number of channels opened for user '{self.user}' has reached the "
+                    f"maximum allowed user limit of ({limit})",
+                    (20, 10),
+                )
         ch = Channel(number, self)
         self.channels[number] = ch
         self._live.add(ch)
         self.assemblers[number] = CommandAssembler(self.max_message_size)
         ch.start()
         self.writer.send(frames.encode_method(number, commands.Channel.OpenOk()))
+
+    def _ask_channel_counts(self, number: int) -> None:
+        """The user's channels on the other nodes count too: asked with reading paused, the
+        channel counted here meanwhile (broker/server/limits.py), then opened or refused."""
+        self.channels_opening += 1
+
+        def then(counts: Counts) -> None:
+            self.channels_opening -= 1
+            if self.state == OPENED:  # not closed meanwhile (forced, an error)
+                self._open_channel(number, counts)
+
+        self.handshake.pause_for(peer_counts(self.node, self.user, self.vhost.name), then)
 
     def channel_closed(self, ch: Channel) -> None:
         """The client's channel.close or close-ok: the number is free for a new channel."""
@@ -656,9 +685,6 @@ class Reader(asyncio.Protocol):
     # -- helpers ----------------------------------------------------------------------------
     def client_capability(self, name: str) -> bool:
         return client_capability(self.client_properties, name)
-
-    def _user_channels(self) -> int:
-        return sum(len(c.channels) for c in self.node.connections if c.user == self.user)
 
     def _peer(self) -> str:
         return f"{self.peer[0]}:{self.peer[1]}"

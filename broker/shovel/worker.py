@@ -50,10 +50,12 @@ class Shovel:
         self._task = asyncio.create_task(self._run(), name=f"shovel {self.vhost}/{self.name}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        task, self._task = self._task, None
+        # a cancel landing while aiormq opens a channel is swallowed there ("cancelled before
+        # Channel.Open was sent") and the session went on to consume: cancel until it ends
+        while task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.5)
 
     def status(self) -> dict[str, Any]:
         d = self.definition

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import aio_pika
+import pika
 import pytest
 from aiormq.exceptions import ChannelLockedResource, ChannelPreconditionFailed
 
@@ -215,3 +216,50 @@ def test_restart_takes_the_cluster_state(tmp_path: Path, etcd: EtcdProc,
     assert "goes" not in queue_names(b)
     assert queue_names(b)["stays"] == "meta-b"
     assert b.api("GET", "/api/exchanges/%2F/while-down")[0] == 200
+
+
+def test_user_and_vhost_limits_count_every_node(pair: tuple[ClusterNode, ClusterNode]) -> None:
+    """A user's max-connections and max-channels and a vhost's max-connections count the
+    connections and channels of every node, as RabbitMQ's: the one that would pass the limit
+    is refused on the other node too."""
+    a, b = pair
+    assert a.api("PUT", "/api/users/lim-user", {"password": "lpw", "tags": ""})[0] in (201, 204)
+    assert a.api("PUT", "/api/vhosts/lim", {})[0] in (201, 204)
+    for vhost in ("%2F", "lim"):
+        assert a.api("PUT", f"/api/permissions/{vhost}/lim-user",
+                     {"configure": ".*", "write": ".*", "read": ".*"})[0] in (201, 204)
+    assert a.api("PUT", "/api/user-limits/lim-user/max-connections", {"value": 1})[0] == 204
+    assert a.api("PUT", "/api/vhost-limits/lim/max-connections", {"value": 1})[0] == 204
+    # b answers 404 until the limit has reached it: polled by status, not asserted at once
+    wait_for(lambda: b.api("GET", "/api/user-limits/lim-user") == (200, [
+        {"user": "lim-user", "value": {"max-connections": 1}}]), what="user limit on b")
+    wait_for(lambda: b.api("GET", "/api/vhost-limits/lim") == (200, [
+        {"vhost": "lim", "value": {"max-connections": 1}}]), what="vhost limit on b")
+
+    def connect(node: ClusterNode, vhost: str = "/", user: str = "lim-user",
+                password: str = "lpw") -> pika.BlockingConnection:
+        return pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", node.port, vhost, pika.PlainCredentials(user, password),
+            connection_attempts=1))
+
+    first = connect(a)
+    with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as info:
+        connect(b)
+    assert "user connection limit (1) is reached" in str(info.value)
+    first.close()
+    guest = connect(a, "lim", "guest", "guest")
+    with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as info:
+        connect(b, "lim", "guest", "guest")
+    assert "connection limit (1) is reached" in str(info.value)
+    guest.close()
+
+    assert a.api("DELETE", "/api/user-limits/lim-user/max-connections")[0] == 204
+    assert a.api("PUT", "/api/user-limits/lim-user/max-channels", {"value": 1})[0] == 204
+    wait_for(lambda: b.get("/api/user-limits/lim-user") == [
+        {"user": "lim-user", "value": {"max-channels": 1}}], what="channel limit on b")
+    on_a, on_b = connect(a), connect(b)
+    on_a.channel()
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        on_b.channel()
+    assert closed.value.reply_code == 530
+    on_a.close()

@@ -9,7 +9,9 @@ PROBE = """
 import importlib, pkgutil, sys
 import broker
 for info in pkgutil.walk_packages(broker.__path__, "broker."):
-    if info.name.startswith("broker.spark") or info.name.endswith("__main__"):
+    # the mypyc build's shared library is no module of the sources (HARE_PURE_PYTHON hides it)
+    if info.name.startswith(("broker.spark", "broker._compiled__mypyc")) \
+            or info.name.endswith("__main__"):
         continue
     importlib.import_module(info.name)
 heavy = sorted(m for m in ("pyspark", "pyarrow", "pandas", "py4j") if m in sys.modules)

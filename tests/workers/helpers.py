@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from tests.conftest import children, workers
+import pika
+
+from tests.conftest import BrokerProc, children, workers
 from tests.mgmt.helpers import MgmtBroker
 
-__all__ = ["WorkersBroker", "alive", "children", "process_tree_gone", "wait_for", "workers"]
+__all__ = ["WorkersBroker", "alive", "children", "connect", "one_per_worker", "process_tree_gone",
+           "wait_for", "workers"]
+
+
+_probes = itertools.count()
 
 
 def alive(pid: int) -> bool:
@@ -51,3 +59,28 @@ class WorkersBroker(MgmtBroker):
 
 def process_tree_gone(pids: list[int]) -> bool:
     return not any(alive(p) for p in pids)
+
+
+def connect(b: BrokerProc) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(b.url + "%2F?heartbeat=0"))
+
+
+def one_per_worker(b: WorkersBroker,
+                   opener: Callable[[], pika.BlockingConnection] | None = None
+                   ) -> dict[str, pika.BlockingConnection]:
+    """Connections (`opener`'s, default guest's) until one landed on each worker (each
+    declares an exclusive queue on a channel it keeps open, which lives on its connection's
+    worker, and the management API says where)."""
+    found: dict[str, pika.BlockingConnection] = {}
+    for _ in range(60):
+        conn = opener() if opener is not None else connect(b)
+        probe = f"probe-{next(_probes)}"  # a name never used before: an earlier call's
+        conn.channel().queue_declare(probe, exclusive=True)  # may still be being deleted
+        node = b.node_of(probe)
+        if node in found:
+            conn.close()
+        else:
+            found[node] = conn
+        if len(found) == b.count:
+            return found
+    raise AssertionError(f"60 connections landed on {sorted(found)} only")

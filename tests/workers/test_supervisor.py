@@ -15,7 +15,14 @@ import pytest
 
 from tests.cluster.helpers import ctl
 from tests.conftest import BrokerProc
-from tests.workers.helpers import WorkersBroker, alive, children, wait_for
+from tests.workers.helpers import (
+    WorkersBroker,
+    alive,
+    children,
+    connect,
+    one_per_worker,
+    wait_for,
+)
 
 
 @pytest.fixture
@@ -25,32 +32,11 @@ def two(tmp_path: Path) -> Iterator[WorkersBroker]:
     b.kill()
 
 
-def _connect(b: BrokerProc) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.URLParameters(b.url + "%2F?heartbeat=0"))
-
-
-def _one_per_worker(b: WorkersBroker) -> dict[str, pika.BlockingConnection]:
-    """Connections until one landed on each worker (each declares an exclusive queue, which
-    lives on its connection's worker, and the management API says where)."""
-    found: dict[str, pika.BlockingConnection] = {}
-    for i in range(60):
-        conn = _connect(b)
-        conn.channel().queue_declare(f"probe-{i}", exclusive=True)
-        node = b.node_of(f"probe-{i}")
-        if node in found:
-            conn.close()
-        else:
-            found[node] = conn
-        if len(found) == b.count:
-            return found
-    raise AssertionError(f"60 connections landed on {sorted(found)} only")
-
-
 def _fill_one_queue_per_worker(b: WorkersBroker, prefix: str, count: int
                                ) -> dict[str, pika.BlockingConnection]:
     """On a connection per worker, a queue `prefix` + the worker's suffix (w1, w2, ...) with
     `count` confirmed messages: each lives on its declaring connection's worker."""
-    conns = _one_per_worker(b)
+    conns = one_per_worker(b)
     for node, conn in conns.items():
         ch = conn.channel()
         name = prefix + node.rsplit("-", 1)[1]
@@ -64,7 +50,7 @@ def _fill_one_queue_per_worker(b: WorkersBroker, prefix: str, count: int
 def test_workers_serve_one_broker(two: WorkersBroker) -> None:
     """A queue declared on one worker is published to and consumed from connections on
     both; the management API lists every queue once, with the worker that holds it."""
-    conns = _one_per_worker(two)
+    conns = one_per_worker(two)
     assert len(conns) == 2
     (home, a), (other, b) = sorted(conns.items())
     ch_a, ch_b = a.channel(), b.channel()
@@ -98,7 +84,7 @@ def test_workers_serve_one_broker(two: WorkersBroker) -> None:
 
 
 def test_killed_worker_restarts_with_its_queue(two: WorkersBroker) -> None:
-    conns = _one_per_worker(two)
+    conns = one_per_worker(two)
     conn = next(c for n, c in conns.items() if n.endswith("-w2"))
     ch = conn.channel()
     ch.queue_declare("orders", durable=True)
@@ -116,7 +102,7 @@ def test_killed_worker_restarts_with_its_queue(two: WorkersBroker) -> None:
 
     def back() -> bool:  # the restarted worker serves its queue again, from any connection
         try:
-            c = _connect(two)
+            c = connect(two)
         except pika.exceptions.AMQPConnectionError:
             return False
         try:
@@ -127,7 +113,7 @@ def test_killed_worker_restarts_with_its_queue(two: WorkersBroker) -> None:
         return n == 200
 
     wait_for(back, what="queue orders back with its 200 messages")
-    c = _connect(two)
+    c = connect(two)
     ch = c.channel()
     bodies = []
     while (m := ch.basic_get("orders", auto_ack=True))[0] is not None:
@@ -153,7 +139,7 @@ def test_one_worker_is_one_process(tmp_path: Path) -> None:
     b = BrokerProc(tmp_path / "data", ["--workers", "1"]).start()
     try:
         assert children(b.pid) == []
-        c = _connect(b)
+        c = connect(b)
         c.channel().queue_declare("q")
         c.close()
     finally:
@@ -166,7 +152,7 @@ def test_balanced_locator_spreads_one_connections_queues(tmp_path: Path) -> None
     with the fewest queues, so they spread; exclusive ones stay on the connection's."""
     b = WorkersBroker(tmp_path / "data", 2, ["--queue-master-locator", "balanced"]).start()
     try:
-        c = _connect(b)
+        c = connect(b)
         ch = c.channel()
         for i in range(4):
             ch.queue_declare(f"spread-{i}")
@@ -214,7 +200,7 @@ def test_consumers_of_every_worker_listed_once(two: WorkersBroker) -> None:
         assert two.api("PUT", f"/api/users/{user}", {"password": "pw", "tags": tags})[0] == 201
     assert two.api("PUT", "/api/permissions/other/mgr",
                    {"configure": ".*", "write": ".*", "read": ".*"})[0] == 201
-    conns = _one_per_worker(two)
+    conns = one_per_worker(two)
     (w1, c1), (w2, c2) = sorted(conns.items())
     ch1, ch2 = c1.channel(), c2.channel()
     ch1.queue_declare("cq")
@@ -270,7 +256,7 @@ def test_restart_of_the_whole_server_keeps_definitions_and_messages(tmp_path: Pa
     b = WorkersBroker(tmp_path / "data", 2).start()
     try:
         assert b.api("PUT", "/api/users/alice", {"password": "pw", "tags": ""})[0] in (201, 204)
-        conns = _one_per_worker(b)
+        conns = one_per_worker(b)
         homes = {}
         for node, conn in conns.items():
             ch = conn.channel()
@@ -299,7 +285,7 @@ def test_parent_killed_and_started_again_at_once(tmp_path: Path) -> None:
     disk: a second copy would survive nothing more), so it leads as soon as its worker runs."""
     b = WorkersBroker(tmp_path / "data", 2).start()
     try:
-        c = _connect(b)
+        c = connect(b)
         ch = c.channel()
         ch.confirm_delivery()
         ch.queue_declare("qq", durable=True, arguments={"x-queue-type": "quorum"})
@@ -311,7 +297,7 @@ def test_parent_killed_and_started_again_at_once(tmp_path: Path) -> None:
         assert len(b.get("/api/queues/%2F/qq")["members"]) == 1
         b.kill(tree=False)  # the workers stop on their own, while the new ones start
         b.start()
-        c = _connect(b)
+        c = connect(b)
         ch = c.channel()
         assert ch.queue_declare("qq", passive=True).method.message_count == 50
         assert ch.queue_declare("cq", passive=True).method.message_count == 50
@@ -339,7 +325,7 @@ async def test_remote_consumers_pace_their_publishers(two: WorkersBroker) -> Non
 def test_direct_reply_to_across_workers(two: WorkersBroker) -> None:
     """RPC over amq.rabbitmq.reply-to with the client on one worker and the server on the
     other: the reply name is known there (passive declare) and the reply arrives."""
-    (_, client), (_, server) = sorted(_one_per_worker(two).items())
+    (_, client), (_, server) = sorted(one_per_worker(two).items())
     cch, sch = client.channel(), server.channel()
     sch.queue_declare("rpc")
     replies: list[bytes] = []
@@ -361,7 +347,7 @@ def test_direct_reply_to_across_workers(two: WorkersBroker) -> None:
 def test_exclusive_consumers_hold_across_workers(two: WorkersBroker) -> None:
     """RabbitMQ's 403 "in exclusive use" between connections on different workers: the
     queue's home worker judges every basic.consume, the other waits for its answer."""
-    (home_node, home), (_, other) = sorted(_one_per_worker(two).items())
+    (home_node, home), (_, other) = sorted(one_per_worker(two).items())
     home.channel().queue_declare("xw")
     assert two.node_of("xw") == home_node
 
@@ -393,7 +379,7 @@ def test_shovels_to_this_server_log_in_on_any_worker(two: WorkersBroker) -> None
     connects to the shared port, so its source and destination land on either worker: the
     workers share the secret. Four shovels, eight connections: some cross workers; none
     tries again (reconnect-delay 0), so one refused login would leave its message behind."""
-    conn = _connect(two)
+    conn = connect(two)
     ch = conn.channel()
     for i in range(4):
         ch.queue_declare(f"sv-src-{i}")
@@ -413,7 +399,7 @@ def test_delete_if_empty_or_unused_judges_the_home_queue(two: WorkersBroker) -> 
     """queue.delete if-empty / if-unused (and the management API's) from another worker than
     the queue's: its messages and consumers are at home, so both are refused there too, and
     delete-ok counts the home's messages."""
-    (_, home), (_, other) = sorted(_one_per_worker(two).items())
+    (_, home), (_, other) = sorted(one_per_worker(two).items())
     hch = home.channel()
     hch.queue_declare("keep-me")
     hch.confirm_delivery()
@@ -440,7 +426,7 @@ def test_connection_names_are_the_whole_servers(two: WorkersBroker) -> None:
     """Each worker numbers its connections; the names the management API lists (and
     /api/connections/{name} finds) carry the process, so no two workers' are alike and a
     close by name cannot reach another worker's namesake."""
-    conns = [_connect(two) for _ in range(6)]
+    conns = [connect(two) for _ in range(6)]
     names = [c["name"] for c in two.get("/api/connections")]
     assert len(names) == 6 and len(set(names)) == 6, names
     for c in conns:
