@@ -203,20 +203,62 @@ class BrokerProc:
 # Parallel runs (`make test`: pytest-xdist, `-n N --dist loadgroup`). Every broker listens on
 # an ephemeral port with a data directory under the worker's own tmp_path, so tests of different
 # files may run at once. Each file is one group (its module-scoped brokers and etcds start once,
-# in one worker); a directory whose session fixtures are costly is one group for the whole
-# directory, so they are made once per run: tests/spark (a SparkSession, a JVM) and tests/docker
-# (the image built from this checkout, the older image built once per machine).
-WHOLE_DIRECTORY_GROUPS = ("spark", "docker")
+# in one worker). The tests that need the machine to themselves are one group, HEAVY, so they
+# run one after another in one worker and never beside each other: tests/spark (a SparkSession,
+# a JVM: its start and the driver kills ran past their timeouts beside each other's load),
+# tests/docker (podman builds and containers) and the flow tests that push hundreds of
+# thousands of messages against a memory watermark. The session fixtures of tests/spark and
+# tests/docker are then made once a run.
+HEAVY = "heavy"
+HEAVY_PATHS = ("spark", "docker", "flow/test_paging_e2e.py", "flow/test_slow_consumer.py")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def xdist_group(path: str) -> str:
+    """The xdist group of a test file, by its path under tests/."""
+    if any(path == p or path.startswith(p + "/") for p in HEAVY_PATHS):
+        return HEAVY
+    return path
+
+
+def _group_of_nodeid(nodeid: str) -> str:
+    return xdist_group(nodeid.split("::", 1)[0].removeprefix("tests/"))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """--dist loadgroup by xdist_group() instead of xdist_group marks: xdist 3.8 names a
+    marked test's group by rewriting item._nodeid, which pytest 9 no longer reads (its nodeid
+    comes from item._id), so the marks grouped nothing and every worker started its own
+    SparkSession."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group_of_nodeid(nodeid)
+
+    # The groups go out in the order of the collection, which pytest_collection_modifyitems
+    # makes, not by size alone
+    config.option.loadscopereorder = False
+    return GroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return  # one process: the files' own order
+    # xdist hands the groups out in this order: the heavy group, the longest, first, so it does
+    # not start last and set the run's length; then the groups with most tests first (xdist's
+    # own order for --dist loadscope).
+    sizes: dict[str, int] = {}
     for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        path = item.path.relative_to(ROOT / "tests")
-        group = path.parts[0] if path.parts[0] in WHOLE_DIRECTORY_GROUPS else path.as_posix()
-        item.add_marker(pytest.mark.xdist_group(group))
+        group = _group_of_nodeid(item.nodeid)
+        sizes[group] = sizes.get(group, 0) + 1
+
+    def rank(item: pytest.Item) -> tuple[bool, int]:
+        group = _group_of_nodeid(item.nodeid)
+        return group != HEAVY, -sizes[group]
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session")
