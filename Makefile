@@ -16,8 +16,14 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/hare-server --data-dir ./data
 
+# The suite in TEST_PROCS processes (pytest-xdist): a file's tests in one process, the heavy
+# tests (tests/conftest.py, HEAVY) one after another in one process, started first.
+# TEST_PROCS=0 runs it in this one process.
+TEST_PROCS ?= 4
+PYTEST := $(BIN)/python -m pytest -q -rs -n $(TEST_PROCS) --dist loadgroup
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -rs
+	$(PYTEST)
 
 # The hot modules (broker/compiled.py's MODULES) compiled with mypyc beside their sources:
 # needs a C compiler and Python's headers (Debian: gcc, python3-dev). Without a build the .py
@@ -38,14 +44,14 @@ uncompile:
 WORKERS_TESTS := tests --ignore=tests/cluster
 test-workers: $(STAMP)
 	HARE_PURE_PYTHON=1 HARE_TEST_EXPECT_BUILD=python HARE_WORKERS=2 \
-	    $(BIN)/python -m pytest -q -rs $(WORKERS_TESTS)
+	    $(PYTEST) $(WORKERS_TESTS)
 
 # For local use, quicker than test-workers: the tests that exercise the compiled modules, on
 # their .py sources, one process per broker
 FALLBACK_TESTS := tests/test_compiled.py tests/protocol tests/flow tests/queue tests/routing \
 	tests/server
 test-fallback: $(STAMP)
-	HARE_PURE_PYTHON=1 HARE_TEST_EXPECT_BUILD=python $(BIN)/python -m pytest -q -rs $(FALLBACK_TESTS)
+	HARE_PURE_PYTHON=1 HARE_TEST_EXPECT_BUILD=python $(PYTEST) $(FALLBACK_TESTS)
 
 # ruff everywhere; mypy over the packages of pyproject.toml's [tool.mypy] (the queue-type
 # contract, broker/queue/contract.py, is what it holds)

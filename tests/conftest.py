@@ -6,16 +6,55 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER_ENV = "_HARE_WORKER"  # set in each worker's environment by broker/node/supervisor.py
+
+
+# Hypothesis times each example (deadline) and the drawing of its inputs (too_slow): on a busy
+# machine, the more so with the suite in several processes, both fail for the machine's sake,
+# not the code's (test_definitions' round trip: "only generated 4 valid inputs after 1.07
+# seconds"); no timed assertions in tests. A test's own @settings still sets the rest.
+settings.register_profile("hare", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("hare")
+
+
+def worker_share(low: int, high: int) -> range:
+    """This pytest-xdist worker's own slice of range(low, high) (the whole range outside
+    xdist): the workers of a parallel run pick fixed ports from disjoint slices."""
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    size = (high - low) // count
+    return range(low + index * size, low + (index + 1) * size)
+
+
+def held_port(owner: object, port: int = 0) -> int:
+    """`port` (0: a free one) held for `owner` until it is collected: a socket of this process
+    bound to it on every IPv4 address, SO_REUSEADDR and never listening. Linux gives a port a
+    socket is bound to to no other connect() or bind(0), while a broker's SO_REUSEADDR listener
+    still binds and listens beside it (broker/server/listener.py). Without it a port freed by a
+    stop was at times taken by another process's connection before the restart ("AMQP port N
+    is already in use"), the more often the more processes run tests. A port that cannot be
+    held (something listens there) is returned as it is."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("0.0.0.0", port))
+    except OSError:
+        sock.close()
+        return port
+    weakref.finalize(owner, sock.close)
+    return int(sock.getsockname()[1])
 
 
 def children(pid: int) -> list[int]:
@@ -57,6 +96,7 @@ class BrokerProc:
         self.env = env or {}
         self.proc: subprocess.Popen[str] | None = None
         self.port = 0
+        self._held = 0  # the port held_port() holds for this broker
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
 
     @property
@@ -91,8 +131,16 @@ class BrokerProc:
         assert len(found) == 1, (name, area, found)
         return found[0]
 
+    def hold_port(self) -> int:
+        """The AMQP port, picked now if none was set, and held for this broker's restarts
+        (held_port)."""
+        if self._held == 0 or self._held != self.port:
+            self.port = self._held = held_port(self, self.port)
+        return self.port
+
     def start(self, timeout: float = 20.0) -> BrokerProc:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.hold_port()
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         env.pop("HARE_CONFIG", None)
         cmd = [sys.executable, "-m", "broker", "--port", str(self.port or 0),
@@ -150,6 +198,67 @@ class BrokerProc:
         else:
             self.kill()
         return self.start()
+
+
+# Parallel runs (`make test`: pytest-xdist, `-n N --dist loadgroup`). Every broker listens on
+# an ephemeral port with a data directory under the worker's own tmp_path, so tests of different
+# files may run at once. Each file is one group (its module-scoped brokers and etcds start once,
+# in one worker). The tests that need the machine to themselves are one group, HEAVY, so they
+# run one after another in one worker and never beside each other: tests/spark (a SparkSession,
+# a JVM: its start and the driver kills ran past their timeouts beside each other's load),
+# tests/docker (podman builds and containers) and the flow tests that push hundreds of
+# thousands of messages against a memory watermark. The session fixtures of tests/spark and
+# tests/docker are then made once a run.
+HEAVY = "heavy"
+HEAVY_PATHS = ("spark", "docker", "flow/test_paging_e2e.py", "flow/test_slow_consumer.py")
+
+
+def xdist_group(path: str) -> str:
+    """The xdist group of a test file, by its path under tests/."""
+    if any(path == p or path.startswith(p + "/") for p in HEAVY_PATHS):
+        return HEAVY
+    return path
+
+
+def _group_of_nodeid(nodeid: str) -> str:
+    return xdist_group(nodeid.split("::", 1)[0].removeprefix("tests/"))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """--dist loadgroup by xdist_group() instead of xdist_group marks: xdist 3.8 names a
+    marked test's group by rewriting item._nodeid, which pytest 9 no longer reads (its nodeid
+    comes from item._id), so the marks grouped nothing and every worker started its own
+    SparkSession."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group_of_nodeid(nodeid)
+
+    # The groups go out in the order of the collection, which pytest_collection_modifyitems
+    # makes, not by size alone
+    config.option.loadscopereorder = False
+    return GroupScheduling(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return  # one process: the files' own order
+    # xdist hands the groups out in this order: the heavy group, the longest, first, so it does
+    # not start last and set the run's length; then the groups with most tests first (xdist's
+    # own order for --dist loadscope).
+    sizes: dict[str, int] = {}
+    for item in items:
+        group = _group_of_nodeid(item.nodeid)
+        sizes[group] = sizes.get(group, 0) + 1
+
+    def rank(item: pytest.Item) -> tuple[bool, int]:
+        group = _group_of_nodeid(item.nodeid)
+        return group != HEAVY, -sizes[group]
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session")

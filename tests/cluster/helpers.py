@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.mgmt.helpers import MgmtBroker, free_port
+from tests.conftest import ROOT, held_port, worker_share
+from tests.mgmt.helpers import MgmtBroker
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 
@@ -31,8 +31,8 @@ class EtcdProc:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.client_port = free_port()
-        self.peer_port = free_port()
+        self.client_port = held_port(self)  # kept across stop/start
+        self.peer_port = held_port(self)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -161,9 +161,10 @@ def ctl(node: MgmtBroker, *args: str) -> subprocess.CompletedProcess[str]:
 def free_base() -> int:
     """A base port whose etcd, AMQP, management and link ports are all free now, every one
     below the kernel's ephemeral range (32768 and up): there, any other test's free port or
-    outgoing connection could take one between this check and the node's bind."""
+    outgoing connection could take one between this check and the node's bind. Each xdist
+    worker draws from its own slice, so two clusters of a parallel run never overlap."""
     for _ in range(50):
-        base = random.randrange(3000, 12000)  # link ports 23000..32001
+        base = random.choice(worker_share(3000, 12000))  # link ports 23000..32001
         ports = [base - 2, base - 1, base, base + 1, 10000 + base, 10001 + base,
                  20000 + base, 20001 + base]
         try:

@@ -238,7 +238,7 @@ async def test_an_unreachable_upstream_shows_the_error_then_runs(
         pair: tuple[MgmtBroker, MgmtBroker], tmp_path: Path) -> None:
     _, down = pair
     other = BrokerProc(tmp_path / "late", ["--node-name", "hare-late"])
-    other.port = free_port()
+    other.hold_port()
     await _declare(down.url, "late.x", "late.q", ["k"])
     _put(down, "federation-upstream", "late", {
         "uri": f"amqp://guest:guest@127.0.0.1:{other.port}/%2F", "reconnect-delay": 0.5})

@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import BrokerProc
+from tests.conftest import BrokerProc, held_port
 
 
 def free_port() -> int:
@@ -51,13 +51,16 @@ class MgmtBroker(BrokerProc):
     def __init__(self, data_dir: Path, args: list[str] | None = None) -> None:
         super().__init__(data_dir, args)
         self.mgmt_port = 0
+        self._held_mgmt = 0
 
     @property
     def http(self) -> str:
         return f"http://127.0.0.1:{self.mgmt_port}"
 
     def start(self, timeout: float = 20.0) -> MgmtBroker:
-        want = free_port()
+        if self._held_mgmt == 0:  # the same port across restarts, held (held_port)
+            self._held_mgmt = held_port(self)
+        want = self._held_mgmt
         base_args = self.args
         self.args = [*base_args, "--management-host", "127.0.0.1",
                      "--management-port", str(want)]

@@ -15,7 +15,7 @@ from broker.amqp_uri import LocalBroker
 from broker.shovel.definition import parse_definition
 from broker.shovel.worker import Shovel
 from tests.conftest import BrokerProc
-from tests.mgmt.helpers import MgmtBroker, free_port
+from tests.mgmt.helpers import MgmtBroker
 from tests.plugin_helpers import queue_depth, rabbitmq_answers
 
 pytestmark = pytest.mark.asyncio
@@ -239,9 +239,8 @@ async def test_a_shovel_survives_a_restart_and_resumes(tmp_path: Path) -> None:
 
 async def test_an_unreachable_destination_shows_the_error_then_runs(
         hare: MgmtBroker, tmp_path: Path) -> None:
-    port = free_port()
     other = BrokerProc(tmp_path / "other")
-    other.port = port
+    port = other.hold_port()
     dest = f"amqp://guest:guest@127.0.0.1:{port}/%2F"
     await _publish(hare.url, "sv.far", [b"waiting"])
     _shovel(hare, "far", {"src-uri": "amqp://", "src-queue": "sv.far", "dest-uri": dest,
