@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -14,6 +15,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -137,6 +139,21 @@ class ClusterNode(MgmtBroker):
         if etcd.token:
             self.env = {"HARE_CLUSTER_ETCD_TOKEN": etcd.token}
         self.name = name
+
+
+@contextlib.contextmanager
+def node_pair(root: Path, etcd: EtcdProc, cluster: str
+              ) -> Iterator[tuple[ClusterNode, ClusterNode]]:
+    """Nodes `<cluster>-a` and `<cluster>-b` of `cluster`, started, and stopped after."""
+    a = ClusterNode(root / "a", etcd, cluster, f"{cluster}-a").start()
+    try:
+        b = ClusterNode(root / "b", etcd, cluster, f"{cluster}-b").start()
+        try:
+            yield a, b
+        finally:
+            b.stop()
+    finally:
+        a.stop()
 
 
 def wait_for(check, timeout: float = 10.0, what: str = "condition"):  # type: ignore[no-untyped-def]

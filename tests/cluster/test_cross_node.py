@@ -12,7 +12,7 @@ import pytest
 
 from tests.cross_node import check_global_prefetch, fill, use_keeps_queue
 
-from .helpers import ClusterNode, EtcdProc
+from .helpers import ClusterNode, EtcdProc, node_pair
 
 _names = itertools.count()
 
@@ -20,12 +20,8 @@ _names = itertools.count()
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory, etcd: EtcdProc
          ) -> Iterator[tuple[ClusterNode, ClusterNode]]:
-    root = tmp_path_factory.mktemp("cross")
-    a = ClusterNode(root / "a", etcd, "cross", "cross-a").start()
-    b = ClusterNode(root / "b", etcd, "cross", "cross-b").start()
-    yield a, b
-    b.stop()
-    a.stop()
+    with node_pair(tmp_path_factory.mktemp("cross"), etcd, "cross") as nodes:
+        yield nodes
 
 
 @pytest.fixture

@@ -13,18 +13,14 @@ import pika
 import pytest
 from aiormq.exceptions import ChannelLockedResource, ChannelPreconditionFailed
 
-from .helpers import ClusterNode, EtcdProc, wait_for
+from .helpers import ClusterNode, EtcdProc, node_pair, wait_for
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory, etcd: EtcdProc
          ) -> Iterator[tuple[ClusterNode, ClusterNode]]:
-    root = tmp_path_factory.mktemp("meta")
-    a = ClusterNode(root / "a", etcd, "meta", "meta-a").start()
-    b = ClusterNode(root / "b", etcd, "meta", "meta-b").start()
-    yield a, b
-    b.stop()
-    a.stop()
+    with node_pair(tmp_path_factory.mktemp("meta"), etcd, "meta") as nodes:
+        yield nodes
 
 
 def queue_names(node: ClusterNode) -> dict[str, str]:
