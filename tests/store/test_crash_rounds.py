@@ -79,7 +79,14 @@ async def test_kill_9_rounds_lose_no_confirmed_message(fresh_broker, size):
             asyncio.create_task(_publisher(fresh_broker.url, start, confirmed, size)),
             asyncio.create_task(_consumer(fresh_broker.url, acked)),
         ]
-        await asyncio.sleep(rng.uniform(0.3, 1.2))
+        # the random moment counts from the round's first confirm: with the suite in several
+        # processes and two workers a broker, connecting and declaring alone took longer than
+        # a fixed 0.3-1.2 s window, and the kill came before anything was confirmed
+        for _ in range(600):
+            if confirmed or all(t.done() for t in tasks):
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(rng.uniform(0.0, 0.9))
         fresh_broker.kill()
         for t in tasks:
             t.cancel()
