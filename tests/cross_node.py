@@ -95,14 +95,12 @@ def check_global_prefetch(conn: pika.BlockingConnection, queues: list[str], limi
         conn.process_data_events(time_limit=0.1)
     conn.process_data_events(time_limit=1.0)  # anything beyond the window would come now
     assert len(outstanding) == limit
-    received = limit
     while sum(seen.values()) < total:
         assert time.monotonic() < deadline + 60, f"{sum(seen.values())} of {total} came"
         if outstanding:  # the oldest two at once (multiple): the queues race to refill
             ch.basic_ack(outstanding[min(1, len(outstanding) - 1)][0], multiple=True)
             del outstanding[:2]
         conn.process_data_events(time_limit=0.05)
-        received = sum(seen.values())
-    assert received == total
+    assert sum(seen.values()) == total
     assert len(seen) == len(queues), f"some consumer got nothing: {seen}"
     ch.close()

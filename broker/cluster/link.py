@@ -308,19 +308,24 @@ class Link:
     def _on_greturn(self, m: dict[str, Any]) -> None:
         consumer = self._consumers.get(m["cid"])
         credit = self._credit.get(m["cid"])
-        if consumer is not None and credit is not None:
-            n = min(m["n"], credit.reserved)
-            credit.reserved -= n
-            consumer.channel.consumer_unacked -= n
-            if n:
-                consumer.channel.wake_queues()
+        if consumer is not None and credit is not None and self._unreserve(
+                consumer, credit, m["n"]):
+            consumer.channel.wake_queues()
+
+    @staticmethod
+    def _unreserve(consumer: Consumer, credit: ConsumerCredit, n: int) -> int:
+        """Up to `n` of the share granted to the consumer stop counting as its channel's
+        unacked (they came as deliveries, which count themselves, or went back): how many."""
+        n = min(n, credit.reserved)
+        credit.reserved -= n
+        consumer.channel.consumer_unacked -= n
+        return n
 
     def _release(self, consumer: Consumer, credit: ConsumerCredit) -> int:
         """The consumer's share of its channel's window goes back (it went, or its channel's
         global prefetch changed): how much."""
-        n, credit.reserved, credit.wanted = credit.reserved, 0, 0
-        consumer.channel.consumer_unacked -= n
-        return n
+        credit.wanted = 0
+        return self._unreserve(consumer, credit, credit.reserved)
 
     def _give_back(self, consumer: Consumer, credit: ConsumerCredit) -> None:
         """The consumer went: the channel's other consumers may use its share now."""
@@ -354,10 +359,8 @@ class Link:
             return
         channel, rq = consumer.channel, consumer.queue
         credit = self._credit[cid]
-        if credit.reserved:  # they were counted as unacked when granted
-            n = min(credit.reserved, len(items))
-            credit.reserved -= n
-            channel.consumer_unacked -= n
+        if credit.reserved:  # counted as unacked when granted; channel.deliver counts them
+            self._unreserve(consumer, credit, len(items))
         size = 0
         for seq, redelivered, exchange, routing_key, props, body in items:
             channel.deliver(consumer, rq, (seq, Message(exchange, routing_key, props, body),
