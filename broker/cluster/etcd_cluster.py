@@ -14,6 +14,7 @@ import contextlib
 import socket
 import time
 import uuid
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -160,6 +161,22 @@ class EtcdCluster:
         self.metadata.load([kv for kv in kvs if kv.key.startswith(self.metadata.prefix)])
         self.revision = revision
         self.quorum.drop_strays()
+
+    def caught_up(self, timeout_s: float = 1.0) -> Awaitable[bool]:
+        return self._caught_up(self.revision, timeout_s)  # the revision the refusal saw
+
+    async def _caught_up(self, before: int, timeout_s: float) -> bool:
+        try:
+            # an empty range: only its header's revision is wanted
+            _, target = await self.etcd.get_prefix(self.root + "caught-up/")
+        except EtcdUnavailable:
+            return False
+        # etcd's revision counts every prefix: one another cluster bumped never comes to our
+        # watch, so the wait is bounded (a multi-worker server's meta store is ours alone)
+        deadline = time.monotonic() + timeout_s
+        while self.revision < target and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        return self.revision > before
 
     def _is_membership(self, key: str) -> bool:
         return key.startswith((self.membership.nodes_prefix, self.membership.known_prefix))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -82,6 +83,13 @@ class Cluster(Protocol):
     async def sync(self) -> None:
         """After the node restored its own definitions: take the cluster's metadata."""
 
+    def caught_up(self, timeout_s: float = 1.0) -> Awaitable[bool]:
+        """Whether waiting for what the cluster's store holds now (a user, vhost or
+        permission written through another node or worker a moment ago) brought this node
+        anything since the call (not since the awaiting: the watch may apply it meanwhile):
+        a name not known here is asked for once before it is refused."""
+        ...
+
     def changed(self, vhost: str | None, what: str, obj: object) -> None:
         """A definition changed here (Node.changed): the cluster's store is told."""
 
@@ -151,6 +159,9 @@ class LocalCluster:
     async def sync(self) -> None:
         pass
 
+    def caught_up(self, timeout_s: float = 1.0) -> Awaitable[bool]:
+        return _nothing_new()
+
     def changed(self, vhost: str | None, what: str, obj: object) -> None:
         pass
 
@@ -184,6 +195,10 @@ class LocalCluster:
         if remove is not None:
             raise ValueError("a quorum queue keeps at least one member")
         return {"members": [self.node.name], "node": self.node.name}
+
+
+async def _nothing_new() -> bool:
+    return False
 
 
 def rendezvous(key: str, nodes: list[str]) -> str:

@@ -75,6 +75,20 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 @web.middleware
+async def _caught_up(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A name this node does not know yet (a user, vhost or permission made through another
+    worker or node a moment ago: a script's two requests landing on two workers of one
+    server) is asked for once: if catching up with the cluster's store brought anything new,
+    the request runs again; a refusal is only ever answered from what the cluster held."""
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        if exc.status not in (400, 401, 404) or not await request.app[NODE].cluster.caught_up():
+            raise
+    return await handler(request)
+
+
+@web.middleware
 async def _cluster(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A change made over HTTP is answered once the cluster has it (a single node: at once);
     while the cluster cannot take changes they are refused with 503 before anything is done.
@@ -93,7 +107,7 @@ async def _page(request: web.Request) -> web.StreamResponse:
 
 
 def build_app(node: Node, stats: Stats) -> web.Application:
-    app = web.Application(middlewares=[_errors, authz.authorize, _cluster])
+    app = web.Application(middlewares=[_errors, _caught_up, authz.authorize, _cluster])
     app[NODE] = node
     app[STATS] = stats
     app.router.add_get("/", _page)

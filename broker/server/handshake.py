@@ -58,11 +58,12 @@ OPENED = ConnectionState.OPENED
 class Handshake:
     """One connection's handshake, from the first byte to connection.open-ok."""
 
-    __slots__ = ("_header_buf", "reader")
+    __slots__ = ("_asked_cluster", "_header_buf", "reader")
 
     def __init__(self, reader: Reader) -> None:
         self.reader = reader
         self._header_buf = b""
+        self._asked_cluster = False
 
     def header(self, data: bytes) -> bytes:
         """The first bytes read: the protocol header, then connection.start. Returns the
@@ -101,7 +102,10 @@ class Handshake:
             result = auth.login(credentials, mechanism=m.mechanism, peer=r._peer(),
                                 loopback=self._is_loopback())
         except LoginRefused as exc:
-            raise _login_refused(m.mechanism, exc) from None
+            answer = _login_refused(m.mechanism, exc)
+            if self._again_when_caught_up(lambda: self.start_ok(m), answer):
+                return
+            raise answer from None
         if isinstance(result, Principal):
             self._logged_in(result)
         else:
@@ -119,6 +123,26 @@ class Handshake:
                 heartbeat=r.heartbeat,
             )
         )
+
+    def _again_when_caught_up(self, retry: Callable[[], None],
+                              refused: ConnectionError_) -> bool:
+        """A user, vhost or permission this node does not know may have been made through
+        another worker or node a moment ago (a script's PUT, then its connection, landing on
+        two workers): once per connection the node catches up with the cluster's store and,
+        if that brought anything, `retry` runs; otherwise `refused` is the answer. False: not
+        clustered or asked already, refuse now."""
+        node = self.reader.node
+        if not node.cluster.clustered or self._asked_cluster:
+            return False
+        self._asked_cluster = True
+
+        def then(moved: bool) -> None:
+            if not moved:
+                raise refused
+            retry()
+
+        self.pause_for(node.cluster.caught_up(), then)
+        return True
 
     def pause_for(self, awaitable: Awaitable[Any], then: Callable[[Any], None],
                   mechanism: str = "") -> None:
@@ -184,7 +208,11 @@ class Handshake:
         node = r.node
         vhost = node.vhosts.get(m.virtual_host)
         if vhost is None:
-            raise ConnectionError_(NOT_ALLOWED, f"vhost {m.virtual_host} not found", (10, 40))
+            refused = ConnectionError_(NOT_ALLOWED, f"vhost {m.virtual_host} not found",
+                                       (10, 40))
+            if self._again_when_caught_up(lambda: self._open(m, peers), refused):
+                return
+            raise refused
         limit = node.users.limit(r.user, "max-connections")
         if peers is None:
             if node.cluster.clustered and (
@@ -209,11 +237,14 @@ class Handshake:
             self.pause_for(pending.wait(), lambda _: self.open(m, peers))
             return
         if not allowed:
-            raise ConnectionError_(
+            refused = ConnectionError_(
                 NOT_ALLOWED,
                 f"access to vhost '{m.virtual_host}' refused for user '{r.user}'",
                 (10, 40),
             )
+            if self._again_when_caught_up(lambda: self._open(m, peers), refused):
+                return
+            raise refused
         vhost.params.check_new_connection(r.user, counts.vhost_connections)
         r.opening = None
         r.vhost = vhost
