@@ -12,6 +12,7 @@ its CPU and RSS are the whole process tree's), and stops the broker."""
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import shutil
 import signal
@@ -19,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 
 __all__ = ["main"]
@@ -37,6 +39,7 @@ def _run(workers: int, args: argparse.Namespace, root: Path) -> dict[str, float]
         if "listening on port" not in line:
             raise RuntimeError(f"broker --workers {workers} did not start")
         url = f"amqp://guest:guest@127.0.0.1:{int(line.rsplit(' ', 1)[1])}/"
+        mgmt = int(broker.stdout.readline().rsplit(" ", 1)[1])  # the management line
         cmd = [sys.executable, "-c", "import sys; from hare_perf.cli import main; sys.exit(main())",
                args.scenario, "--url", url, "--pid",
                str(broker.pid), "--json"]
@@ -49,10 +52,23 @@ def _run(workers: int, args: argparse.Namespace, root: Path) -> dict[str, float]
         except ValueError:
             raise RuntimeError(f"hare-perf failed: {done.stderr[-1500:]}") from None
         median["gate_failed"] = float(done.returncode != 0)
+        median.update(_placement(mgmt))
         return median
     finally:
         broker.send_signal(signal.SIGTERM)
         broker.wait(60)
+
+
+def _placement(port: int) -> dict[str, float]:
+    """Connections the workers handed over (moved) and kept although their queues were on
+    another worker (stayed), summed over the workers (/api/nodes; none for one process)."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api/nodes",
+        headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        rows = json.load(answer)
+    return {"moved": float(sum(r.get("connections_moved_out", 0) for r in rows)),
+            "stayed": float(sum(r.get("connections_stayed", 0) for r in rows))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {r + 1} workers={n}: msg_s={fig.get('msg_s', 0):,.0f} "
                       f"broker_cpu={fig.get('broker_cpu', 0):.2f} "
                       f"others_cpu={fig.get('others_cpu', 0):.2f} "
-                      f"backlog={fig.get('backlog', 0):,.0f}"
+                      f"backlog={fig.get('backlog', 0):,.0f} "
+                      f"moved={fig['moved']:.0f} stayed={fig['stayed']:.0f}"
                       f"{' (gate failed)' if fig['gate_failed'] else ''}", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)

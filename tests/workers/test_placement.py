@@ -7,6 +7,9 @@ connection that is not simple at that moment stays where it was accepted and sti
 from __future__ import annotations
 
 import itertools
+import os
+import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -225,3 +228,56 @@ def test_mandatory_return_and_heartbeats_after_move(two: WorkersBroker) -> None:
     for conn in conns:
         assert conn.is_open
         conn.close()
+
+
+def test_worker_killed_while_connections_move_to_it(two: WorkersBroker) -> None:
+    """Publishers with confirms keep connecting (half of them accepted by the other worker,
+    so moving) while the queue's worker is killed and restarted: every publish that was
+    confirmed is in the durable queue afterwards (connections lost or left where they were
+    accepted meanwhile get errors, never a confirm for a message that is not there)."""
+    queues = _queue_on_each(two, "kill")
+    node, queue = next(iter(queues.items()))
+    index = int(node.rsplit("-w", 1)[1])
+    confirmed: list[bytes] = []
+    stop = threading.Event()
+
+    def publish(t: int) -> None:
+        n = 0
+        while not stop.is_set():
+            try:
+                conn = _named(two, f"killed-{t}-{n}")
+            except pika.exceptions.AMQPError:
+                time.sleep(0.05)
+                continue
+            try:
+                ch = conn.channel()
+                ch.confirm_delivery()
+                for _ in range(10):
+                    body = f"{t}:{n}".encode()
+                    n += 1
+                    ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2),
+                                     mandatory=True)
+                    confirmed.append(body)  # basic_publish returned: the broker confirmed it
+                conn.close()
+            except pika.exceptions.AMQPError:
+                time.sleep(0.05)
+
+    threads = [threading.Thread(target=publish, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: len(confirmed) >= 200, 30, "publishes before the kill")
+        os.kill(two.workers()[index], signal.SIGKILL)
+        at_kill = len(confirmed)
+        wait_for(lambda: len(confirmed) >= at_kill + 200, 60, "publishes after the restart")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    reader = connect(two)
+    ch = reader.channel()
+    stored: set[bytes] = set()
+    while (got := ch.basic_get(queue, auto_ack=True))[0] is not None:
+        stored.add(got[2])
+    reader.close()
+    assert not set(confirmed) - stored
