@@ -16,6 +16,7 @@ import base64
 import json
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -29,9 +30,12 @@ __all__ = ["main"]
 def _run(workers: int, args: argparse.Namespace, root: Path) -> dict[str, float]:
     data = root / f"w{workers}"
     shutil.rmtree(data, ignore_errors=True)
+    with socket.socket() as probe:  # a free port for the management API (0 would turn it off)
+        probe.bind(("127.0.0.1", 0))
+        mgmt = probe.getsockname()[1]
     broker = subprocess.Popen(
         [sys.executable, "-m", "broker", "--workers", str(workers), "--port", "0",
-         "--management-port", "0", "--data-dir", str(data), *args.extra],
+         "--management-port", str(mgmt), "--data-dir", str(data), *args.extra],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert broker.stdout is not None
@@ -39,7 +43,6 @@ def _run(workers: int, args: argparse.Namespace, root: Path) -> dict[str, float]
         if "listening on port" not in line:
             raise RuntimeError(f"broker --workers {workers} did not start")
         url = f"amqp://guest:guest@127.0.0.1:{int(line.rsplit(' ', 1)[1])}/"
-        mgmt = int(broker.stdout.readline().rsplit(" ", 1)[1])  # the management line
         cmd = [sys.executable, "-c", "import sys; from hare_perf.cli import main; sys.exit(main())",
                args.scenario, "--url", url, "--pid",
                str(broker.pid), "--json"]
