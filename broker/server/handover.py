@@ -193,9 +193,7 @@ class Handover:
                 client = socket.socket(fileno=fd)
                 reader = Reader(self.node)
                 try:
-                    state = json.loads(blob[:n_state])
-                    reader.moved_in(state)
-                    state["held"] = blob[n_state:]
+                    reader.moved_in(json.loads(blob[:n_state]), blob[n_state:])
                 except (KeyError, StopIteration, ValueError) as exc:
                     log.warning("handover refused", error=repr(exc))
                     client.close()  # our descriptor only: the sender keeps serving it
@@ -207,7 +205,12 @@ class Handover:
                     await loop.sock_sendall(conn, b"1")
                 self.moved_in += 1
                 log.info("connection moved in", conn=reader.name)
-                await loop.connect_accepted_socket(lambda: reader, client)
+                try:
+                    await loop.connect_accepted_socket(lambda: reader, client)
+                except BaseException:
+                    self.node.connection_closed(reader)
+                    client.close()
+                    raise
         except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
             log.warning("handover not received", error=repr(exc))
         finally:

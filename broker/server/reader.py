@@ -61,6 +61,7 @@ log = structlog.get_logger("hare.connection")
 _CHANNEL_OPEN = (0x00140000 | 10).to_bytes(4, "big")
 _CHANNEL_CLOSE_OK = (0x00140000 | 41).to_bytes(4, "big")
 _ACK = (0x003C0000 | 80).to_bytes(4, "big")
+_PUBLISH = (0x003C0000 | 40).to_bytes(4, "big")
 _CONTENT_HEAD = struct.Struct(">HHQ")  # class, weight, body size
 FRAME_PUBLISH = frames.FRAME_PUBLISH
 
@@ -81,6 +82,9 @@ BULK_READ = 1 << 16
 # latency. A bigger one goes through the channel task as before, so the reader -> channel
 # credit (400, more after 200) still paces a publisher that sends faster than we route.
 INLINE_PUBLISHES = 64
+# Publishes that routed nowhere (yet) a connection's placement looks at before it stops
+# looking: each costs a second routing, so a publisher to an unbound exchange pays it a while
+PLACE_TRIES = 64
 
 AWAIT_HEADER = ConnectionState.AWAIT_HEADER
 OPENED = ConnectionState.OPENED
@@ -160,7 +164,9 @@ class Reader(asyncio.Protocol):
         # connection placement (broker/server/placement.py): True while this connection's
         # first publish or consume may still hand it to the worker of its queues
         self.placing = False
-        self._adopted: dict[str, Any] | None = None  # handed over to us: restored when made
+        self._place_tries = PLACE_TRIES
+        # handed over to us (state, bytes to replay): restored when the transport is made
+        self._adopted: tuple[dict[str, Any], bytes] | None = None
         self._burst = 0  # bytes read in bulk reads in a row (READ_BURST)
 
     # -- asyncio.Protocol -------------------------------------------------------------------
@@ -174,7 +180,7 @@ class Reader(asyncio.Protocol):
         self.tls = transport.get_extra_info("ssl_object")
         self.node.connection_opened(self)
         if self._adopted is not None:
-            self._resume_adopted(self._adopted)
+            self._resume_adopted(*self._adopted)
             return
         self._timer = self.loop.call_later(
             self.settings.handshake_timeout_s, self.handshake.timeout
@@ -455,6 +461,10 @@ class Reader(asyncio.Protocol):
         verdict, home = placement.target(ftype, payload, self.vhost, ch.last_queue,
                                          self.node.name, handover.siblings.names)
         if verdict is placement.Verdict.UNDECIDED:
+            if ftype == FRAME_PUBLISH or payload[:4] == _PUBLISH:
+                # routed nowhere yet: asked again, a few times only
+                self._place_tries -= 1
+                self.placing = self._place_tries > 0
             return False
         self.placing = False
         if verdict is placement.Verdict.STAY:
@@ -488,10 +498,11 @@ class Reader(asyncio.Protocol):
             "channels": [ch.handover_state() for ch in self.channels.values()],
         }
 
-    def moved_in(self, state: dict[str, Any]) -> None:
+    def moved_in(self, state: dict[str, Any], held: bytes) -> None:
         """A connection handed over to this worker: its open state, before the transport is
-        made (connection_made then opens its channels and replays what it had read). Raises
-        KeyError for a vhost or auth backend this worker does not have."""
+        made (connection_made then opens its channels and replays `held`, what it had read
+        and not handled). Raises KeyError for a vhost, StopIteration for an auth backend
+        this worker does not have."""
         node = self.node
         backend = next(b for b in node.auth.backends if b.name == state["backend"])
         self.vhost = node.vhosts[state["vhost"]]
@@ -507,9 +518,9 @@ class Reader(asyncio.Protocol):
         self.opened_at = float(state["opened_at"])
         self.flow_pauses = int(state["flow_pauses"])
         self.state = OPENED
-        self._adopted = state
+        self._adopted = (state, held)
 
-    def _resume_adopted(self, state: dict[str, Any]) -> None:
+    def _resume_adopted(self, state: dict[str, Any], held: bytes) -> None:
         self._adopted = None
         for c in state["channels"]:
             self._add_channel(int(c["number"])).restore(c)
@@ -518,7 +529,6 @@ class Reader(asyncio.Protocol):
             Heartbeat(self).start()
         if self.node.blocking_alarms():
             self.on_alarm(self.node.blocking_alarms())
-        held = state.get("held", b"")
         if held:
             self.data_received(held)
         self.bytes_in = int(state["bytes_in"])

@@ -281,3 +281,27 @@ def test_worker_killed_while_connections_move_to_it(two: WorkersBroker) -> None:
         stored.add(got[2])
     reader.close()
     assert not set(confirmed) - stored
+
+
+def test_unroutable_publisher_stops_being_placed(two: WorkersBroker) -> None:
+    """A connection whose publishes route nowhere is looked at for 64 reads of them only
+    (each look costs a second routing): after that, publishing to a queue of the other worker
+    does not move it, while one with fewer unroutable publishes first still moves."""
+    queues = _queue_on_each(two, "tries")
+    node, queue = next(iter(queues.items()))
+    conns: dict[str, pika.BlockingConnection] = {}
+    for k in range(CONNECTIONS):
+        for n in (10, 64):
+            name = f"tries-{n}-{k}-{next(_names)}"
+            conn = conns[name] = _named(two, name)
+            ch = conn.channel()
+            ch.confirm_delivery()  # one publish a read: each is looked at
+            for _ in range(n):
+                ch.basic_publish("amq.fanout", "", b"nowhere")  # no queue bound
+            ch.basic_publish("", queue, b"x")
+    placed = [name for name in conns if name.startswith("tries-10-")]
+    rows = _wait_moved(two, placed, node)
+    kept = {rows[name]["node"] for name in conns if name.startswith("tries-64-")}
+    assert kept - {node}, "none of the 64-publish connections stayed on the other worker"
+    for conn in conns.values():
+        conn.close()
