@@ -88,8 +88,9 @@ class Shovels:
             if self._local is not None:
                 self._node.events.nodes_changed.unsubscribe(self._nodes_changed)
         self._local = None  # nothing is placed any more
-        for shovel in [*self._running.values(), *self._static.values()]:
-            await shovel.stop()
+        # side by side: each may take its grace to finish what it holds
+        await asyncio.gather(*(shovel.stop() for shovel in [*self._running.values(),
+                                                            *self._static.values()]))
         self._running.clear()
         self._static.clear()
 

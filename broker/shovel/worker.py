@@ -1,7 +1,8 @@
 """One running shovel: an AMQP client of its source and destination (aio-pika), consuming with
 prefetch and republishing; under on-confirm the source delivery is acked only once the
 destination confirmed it, so a message is lost by no failure and duplicated only when a
-connection drops between the confirm and the ack (as RabbitMQ's plugin). Either side going
+connection drops between the publish and the ack (as RabbitMQ's plugin); a stop (a changed
+definition, a move to another worker) first finishes what the session holds. Either side going
 away ends the session; the shovel shows why and tries again after its reconnect delay,
 doubling up to a cap. It runs as its own task: nothing in the broker waits on it."""
 
@@ -44,13 +45,22 @@ class Shovel:
         self.since = time.time()
         self.moved = 0
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()  # stop(): finish what is in flight, then end
         self._urls: dict[str, str] = {}  # side -> the URL it is connected with
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"shovel {self.vhost}/{self.name}")
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """A stop first lets the session cancel its consumer and finish the messages it
+        holds (each forwarded is confirmed then acked), so a shovel moving to another worker
+        or restarting with a new definition duplicates none. Past `grace_s`, or with no
+        session running (connecting, waiting to reconnect), it is cancelled: what was in
+        flight comes back to the source (at least once, as after a failure)."""
         task, self._task = self._task, None
+        self._stopping.set()
+        if task is not None and not task.done() and self.state == "running":
+            await asyncio.wait({task}, timeout=grace_s)
         # a cancel landing while aiormq opens a channel is swallowed there ("cancelled before
         # Channel.Open was sent") and the session went on to consume: cancel until it ends
         while task is not None and not task.done():
@@ -90,10 +100,14 @@ class Shovel:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any failure of either side: show it, retry later
+                if self._stopping.is_set():
+                    return
                 self._set("terminated", f"{type(exc).__name__}: {exc}")
                 log.warning("shovel failed", vhost=self.vhost, shovel=self.name,
                             reason=self.reason)
             else:
+                if self._stopping.is_set():
+                    return
                 self._set("terminated", "src-delete-after reached")
                 self._on_finished(self)
                 return
@@ -176,11 +190,22 @@ class Shovel:
             task.add_done_callback(pending.discard)
             await self._forward(dest_raw, src_raw, msg)
 
-        await src_raw.basic_consume(queue.name, on_message, no_ack=d.ack_mode == "no-ack")
+        if self._stopping.is_set():
+            return
+        ok = await src_raw.basic_consume(queue.name, on_message,
+                                         no_ack=d.ack_mode == "no-ack")
         self._set("running")
-        await asyncio.wait((finished, closed), return_when=asyncio.FIRST_COMPLETED)
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait((finished, closed, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
         if closed.done():
             raise ConnectionError(closed.result())
+        if not finished.done():  # stopping: no delivery after the cancel-ok, then drain
+            assert ok.consumer_tag is not None
+            await src_raw.basic_cancel(ok.consumer_tag)
+            await asyncio.sleep(0)  # deliveries read before the cancel-ok start their tasks
         await asyncio.gather(*pending)
 
     async def _source(self, src: AbstractConnection, ch: AbstractChannel
