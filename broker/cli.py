@@ -13,6 +13,7 @@ import fcntl
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -21,6 +22,9 @@ from broker.logs import configure_logging
 from broker.signals import Stop, note_signals, unless_stopped
 from broker.store.layout import DEFINITIONS, LOCK_FILE
 
+if TYPE_CHECKING:
+    from broker.server.handover import Siblings
+
 __all__ = ["main", "run"]
 
 log = structlog.get_logger("hare.cli")
@@ -28,7 +32,7 @@ log = structlog.get_logger("hare.cli")
 
 async def run(settings: Settings, ready: asyncio.Event | None = None,
               inherited: dict[str, list[int]] | None = None,
-              direct_secret: str | None = None) -> int:
+              direct_secret: str | None = None, siblings: Siblings | None = None) -> int:
     from broker.cluster import ClusterUnavailable, NodeNameTaken
     from broker.federation import Federation
     from broker.mgmt import Management
@@ -37,7 +41,7 @@ async def run(settings: Settings, ready: asyncio.Event | None = None,
     from broker.server.tls import TlsError
     from broker.shovel import Shovels
 
-    node = Node(settings, inherited)
+    node = Node(settings, inherited, siblings)
     if direct_secret is not None:  # a worker's: the same on every worker of the server
         node.auth.direct_secret = direct_secret
     node.add_plugin(Management())  # serves when a management listener is on
@@ -158,12 +162,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hare-server: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, str(settings.log_format))
-    from broker.node.supervisor import watch_parent, worker_role, worker_settings
+    from broker.node.supervisor import (
+        watch_parent,
+        worker_role,
+        worker_settings,
+        worker_siblings,
+    )
 
     role = worker_role(os.environ)
     workers = 1
+    siblings = None
     if role is not None:  # a worker of a multi-worker hare-server (broker/node/supervisor.py)
         watch_parent(role.parent)
+        siblings = worker_siblings(settings, role)
         settings = worker_settings(settings, role)
     else:
         from broker.config.cpus import usable_cpus
@@ -192,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             return uvloop.run(Supervisor(settings, workers, argv).run())
         if role is not None:
             return uvloop.run(run(settings, inherited=role.fds,
-                                  direct_secret=role.direct_secret))
+                                  direct_secret=role.direct_secret, siblings=siblings))
         return uvloop.run(run(settings))
     except KeyboardInterrupt:
         return 0

@@ -12,13 +12,16 @@ its CPU and RSS are the whole process tree's), and stops the broker."""
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 
 __all__ = ["main"]
@@ -27,9 +30,12 @@ __all__ = ["main"]
 def _run(workers: int, args: argparse.Namespace, root: Path) -> dict[str, float]:
     data = root / f"w{workers}"
     shutil.rmtree(data, ignore_errors=True)
+    with socket.socket() as probe:  # a free port for the management API (0 would turn it off)
+        probe.bind(("127.0.0.1", 0))
+        mgmt = probe.getsockname()[1]
     broker = subprocess.Popen(
         [sys.executable, "-m", "broker", "--workers", str(workers), "--port", "0",
-         "--management-port", "0", "--data-dir", str(data), *args.extra],
+         "--management-port", str(mgmt), "--data-dir", str(data), *args.extra],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert broker.stdout is not None
@@ -49,10 +55,23 @@ def _run(workers: int, args: argparse.Namespace, root: Path) -> dict[str, float]
         except ValueError:
             raise RuntimeError(f"hare-perf failed: {done.stderr[-1500:]}") from None
         median["gate_failed"] = float(done.returncode != 0)
+        median.update(_placement(mgmt))
         return median
     finally:
         broker.send_signal(signal.SIGTERM)
         broker.wait(60)
+
+
+def _placement(port: int) -> dict[str, float]:
+    """Connections the workers handed over (moved) and kept although their queues were on
+    another worker (stayed), summed over the workers (/api/nodes; none for one process)."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api/nodes",
+        headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        rows = json.load(answer)
+    return {"moved": float(sum(r.get("connections_moved_out", 0) for r in rows)),
+            "stayed": float(sum(r.get("connections_stayed", 0) for r in rows))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {r + 1} workers={n}: msg_s={fig.get('msg_s', 0):,.0f} "
                       f"broker_cpu={fig.get('broker_cpu', 0):.2f} "
                       f"others_cpu={fig.get('others_cpu', 0):.2f} "
-                      f"backlog={fig.get('backlog', 0):,.0f}"
+                      f"backlog={fig.get('backlog', 0):,.0f} "
+                      f"moved={fig['moved']:.0f} stayed={fig['stayed']:.0f}"
                       f"{' (gate failed)' if fig['gate_failed'] else ''}", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -355,6 +355,15 @@ class Settings:
             "1 is a single process",
         ),
     )
+    connection_placement: bool = field(
+        default=True,
+        metadata=_m(
+            v.bool_value,
+            "with workers > 1: a plain-TCP connection whose first publish or consume is for "
+            "queues of one other worker is handed over to that worker (docs/ARCHITECTURE.md, "
+            "\"Where connections live\")",
+        ),
+    )
     # identity and cluster (docs/CLUSTER.md)
     node_name: str = field(
         default="",

@@ -325,6 +325,11 @@ def node_json(node: Node) -> dict[str, Any]:
         "partitions": [],
         "applications": [{"name": "hare", "description": "Hare broker", "version": __version__}],
     }
+    handover = getattr(node, "handover", None)
+    if handover is not None:  # a worker's connection placement (docs/ARCHITECTURE.md)
+        out["connections_moved_in"] = handover.moved_in
+        out["connections_moved_out"] = handover.moved_out
+        out["connections_stayed"] = handover.stayed
     if monitor is not None and hasattr(monitor, "limit"):
         out["mem_limit"] = int(monitor.limit)
     disk = getattr(node, "disk_monitor", None)

@@ -25,6 +25,7 @@ from broker.node.plugin import NodeEvents, ParameterComponent, Plugin
 from broker.queue.amqqueue import AMQQueue
 from broker.server import limits
 from broker.server.direct_reply import ReplyRegistry
+from broker.server.handover import Handover, Siblings
 from broker.server.listener import (
     Listener,
     adopt,
@@ -50,8 +51,13 @@ class StartAborted(Exception):
 
 
 class Node:
-    def __init__(self, settings: Settings, inherited: dict[str, list[int]] | None = None) -> None:
+    def __init__(self, settings: Settings, inherited: dict[str, list[int]] | None = None,
+                 siblings: Siblings | None = None) -> None:
         self.settings = settings
+        # a worker's connection placement: moves connections to the worker of their queues
+        # (broker/server/handover.py); started with the AMQP listeners
+        self.handover: Handover | None = None
+        self._siblings = siblings if settings.connection_placement else None
         # a worker's listening sockets, bound by its parent (broker/node/supervisor.py)
         self.inherited = inherited or {}
         self.name = settings.node_name or f"hare@{socket.gethostname()}"
@@ -165,6 +171,13 @@ class Node:
             self.memory_monitor.start()
             self.disk_monitor.start()
             listen_all(listeners)
+            if self._siblings is not None and len(self._siblings.names) > 1:
+                handover = Handover(self, self._siblings)
+                try:
+                    await handover.start()
+                    self.handover = handover
+                except OSError as exc:  # its name taken: the connections stay where accepted
+                    log.warning("connection placement off", error=str(exc))
             for listener in listeners:
                 if listener.protocol in ("amqp", "amqp/ssl"):
                     await serve_amqp(self, listener)
@@ -174,6 +187,7 @@ class Node:
         except BaseException:
             for plugin in reversed(started):
                 await plugin.stop()
+            await self._stop_handover()
             close_all(listeners)
             self.listeners = []
             if recovered:  # the stores flushed as at a stop: the next start is a clean one
@@ -205,6 +219,7 @@ class Node:
         for plugin in reversed(self.plugins):  # the HTTP API stops first
             await plugin.stop()
         servers = stop_accepting(self.listeners)
+        await self._stop_handover()
         await self.memory_monitor.stop()
         await self.disk_monitor.stop()
         for conn in list(self.connections):
@@ -222,6 +237,11 @@ class Node:
         await self.auth.close()
         await self.cluster.stop()
         log.info("broker stopped", node=self.name)
+
+    async def _stop_handover(self) -> None:
+        if self.handover is not None:
+            await self.handover.stop()
+            self.handover = None
 
     # -- connections ------------------------------------------------------------------------
     def connection_opened(self, conn: Reader) -> None:

@@ -40,12 +40,13 @@ from broker.cluster.meta_server import MetaServer
 from broker.cluster.metadata import cluster_root, transient_keys
 from broker.config import MemoryWatermark, Settings
 from broker.node.node import bind_listeners
+from broker.server.handover import Siblings
 from broker.server.listener import BANNERS, Listener, close_all, listen_all
 from broker.signals import Stop, unless_stopped
 from broker.store import layout
 
 __all__ = ["WORKER_ENV", "Supervisor", "WorkerRole", "watch_parent", "worker_role",
-           "worker_settings"]
+           "worker_settings", "worker_siblings"]
 
 log = structlog.get_logger("hare.supervisor")
 
@@ -134,6 +135,14 @@ def worker_settings(settings: Settings, role: WorkerRole) -> Settings:
         # (x-quorum-initial-group-size still asks for more)
         quorum_initial_group_size=1,
     )
+
+
+def worker_siblings(settings: Settings, role: WorkerRole) -> Siblings:
+    """The server's workers as connection placement knows them (broker/server/handover.py),
+    from the parent's settings: their node names, and the parent whose pid names their
+    handover sockets."""
+    names = tuple(worker_name(settings, i) for i in range(1, role.count + 1))
+    return Siblings(role.index, names, role.parent)
 
 
 def watch_parent(parent: int) -> None:

@@ -36,6 +36,7 @@ __all__ = [
     "encode_basic_ack",
     "encode_content",
     "encode_deliver",
+    "encode_frames",
     "encode_get_ok",
     "encode_method",
     "encode_return",
@@ -264,6 +265,22 @@ def encode_content(channel: int, props: bytes, body: bytes, frame_max: int) -> l
         piece = view[start : start + chunk]
         parts += (_BODY_HEAD.pack(FRAME_BODY, channel, len(piece)), piece, FRAME_END_BYTE)
     return parts
+
+
+def encode_frames(batch: list[tuple[int, int, Any]], frame_max: int) -> bytes:
+    """Frames a FrameCutter cut, back to bytes a FrameCutter cuts to the same commands (a
+    connection handed to another process replays what it had read and not yet handled). A
+    whole publish is its method, header and body frames again (a body over frame_max in
+    several)."""
+    parts: list[bytes] = []
+    for ftype, channel, payload in batch:
+        if ftype == FRAME_PUBLISH:
+            _, method, props, body = payload
+            parts += (_BODY_HEAD.pack(FRAME_METHOD, channel, len(method)), method, FRAME_END_BYTE)
+            parts += encode_content(channel, props, body, frame_max)
+        else:
+            parts += (_BODY_HEAD.pack(ftype, channel, len(payload)), payload, FRAME_END_BYTE)
+    return b"".join(parts)
 
 
 def encode_deliver(

@@ -389,6 +389,41 @@ class Channel:
     def send(self, method: Any) -> None:
         self.writer.send(frames.encode_method(self.number, method))
 
+    # -- handover (broker/server/placement.py, handover.py) ---------------------------------
+    def busy(self) -> str | None:
+        """Why this channel cannot be handed to another worker now (None: it can): what it
+        holds would have to move with it (consumers, unacked deliveries, a transaction, a
+        direct reply-to name) or it is still working (its mailbox, confirms owed)."""
+        if self.consumers or self.reply_consumer is not None or self.unacked:
+            return "consuming"
+        if self.tx:
+            return "transaction"
+        if self.state is not _OPEN or self.mailbox or not self.mailbox.idle or self._answering:
+            return "channel busy"
+        if self.confirms.pending or self._confirm_flush_scheduled or self._batch:
+            return "unconfirmed"
+        return None
+
+    def handover_state(self) -> dict[str, Any]:
+        """What a new channel of the same number on another worker needs to go on as this
+        one (its counters stay here: the management's totals keep them when it ends)."""
+        return {
+            "number": self.number, "confirm": self.confirm, "publish_seq": self.publish_seq,
+            "next_tag": self.next_tag, "prefetch_count": self.prefetch_count,
+            "global_prefetch": self.global_prefetch, "flow_active": self.flow_active,
+            "last_queue": self.last_queue,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """The other side of `handover_state`, before the channel's first command."""
+        self.confirm = bool(state["confirm"])
+        self.publish_seq = int(state["publish_seq"])
+        self.next_tag = int(state["next_tag"])
+        self.prefetch_count = int(state["prefetch_count"])
+        self.global_prefetch = int(state["global_prefetch"])
+        self.flow_active = bool(state["flow_active"])
+        self.last_queue = str(state["last_queue"])
+
     # -- dispatch ---------------------------------------------------------------------------
     def _method(self, payload: bytes) -> Awaitable[None] | None:
         """Run a method; the handlers of metadata changes are coroutines (a cluster waits for

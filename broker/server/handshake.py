@@ -249,6 +249,7 @@ class Handshake:
         r.opening = None
         r.vhost = vhost
         r.state = OPENED
+        r.placing = node.handover is not None and r.tls is None  # broker/server/placement.py
         r.opened_at = r.loop.time()
         r._send0(commands.Connection.OpenOk())
         if r._timer is not None:

@@ -10,6 +10,7 @@ are over their share of the node's content budget (broker/flow/content_budget.py
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import os
 import ssl
@@ -18,7 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 from pamqp import commands
+from pamqp import decode as pamqp_decode
+from pamqp import encode as pamqp_encode
 
+from broker.access import Principal
 from broker.flow.alarm import blocked_reason
 from broker.flow.credit_flow import CreditFlow
 from broker.protocol import frames
@@ -38,14 +42,15 @@ from broker.protocol.constants import (
     UNEXPECTED_FRAME,
 )
 from broker.protocol.errors import AMQPError, ChannelError, ConnectionError_
-from broker.protocol.handshake import check_channel_count, client_capability
+from broker.protocol.handshake import check_channel_count, client_capability, whole_publishes_fit
+from broker.server import placement
 from broker.server.channel import Channel
 from broker.server.handshake import Handshake
+from broker.server.heartbeat import Heartbeat
 from broker.server.limits import NO_COUNTS, Counts, local_counts, peer_counts
 from broker.server.writer import Writer
 
 if TYPE_CHECKING:
-    from broker.access import Principal
     from broker.node import Node
     from broker.vhost import VHost
 
@@ -56,6 +61,7 @@ log = structlog.get_logger("hare.connection")
 _CHANNEL_OPEN = (0x00140000 | 10).to_bytes(4, "big")
 _CHANNEL_CLOSE_OK = (0x00140000 | 41).to_bytes(4, "big")
 _ACK = (0x003C0000 | 80).to_bytes(4, "big")
+_PUBLISH = (0x003C0000 | 40).to_bytes(4, "big")
 _CONTENT_HEAD = struct.Struct(">HHQ")  # class, weight, body size
 FRAME_PUBLISH = frames.FRAME_PUBLISH
 
@@ -76,6 +82,9 @@ BULK_READ = 1 << 16
 # latency. A bigger one goes through the channel task as before, so the reader -> channel
 # credit (400, more after 200) still paces a publisher that sends faster than we route.
 INLINE_PUBLISHES = 64
+# Publishes that routed nowhere (yet) a connection's placement looks at before it stops
+# looking: each costs a second routing, so a publisher to an unbound exchange pays it a while
+PLACE_TRIES = 64
 
 AWAIT_HEADER = ConnectionState.AWAIT_HEADER
 OPENED = ConnectionState.OPENED
@@ -152,6 +161,12 @@ class Reader(asyncio.Protocol):
         self.credit_flow.on_unblocked = self._maybe_resume
         self.opened_at = 0.0
         self.bytes_in = 0
+        # connection placement (broker/server/placement.py): True while this connection's
+        # first publish or consume may still hand it to the worker of its queues
+        self.placing = False
+        self._place_tries = PLACE_TRIES
+        # handed over to us (state, bytes to replay): restored when the transport is made
+        self._adopted: tuple[dict[str, Any], bytes] | None = None
         self._burst = 0  # bytes read in bulk reads in a row (READ_BURST)
 
     # -- asyncio.Protocol -------------------------------------------------------------------
@@ -164,6 +179,9 @@ class Reader(asyncio.Protocol):
             self.peer = (peer[0], peer[1])
         self.tls = transport.get_extra_info("ssl_object")
         self.node.connection_opened(self)
+        if self._adopted is not None:
+            self._resume_adopted(*self._adopted)
+            return
         self._timer = self.loop.call_later(
             self.settings.handshake_timeout_s, self.handshake.timeout
         )
@@ -205,6 +223,8 @@ class Reader(asyncio.Protocol):
                     if self._waiting is not None:  # the rest waits for the auth backend
                         self._held_for_auth = batch[i + 1:]
                         return
+                elif self.placing and self._place(batch, i):
+                    return  # this frame and the rest wait: handed over with the socket
                 elif ftype == FRAME_PUBLISH:
                     # the fast path, inline as it runs for every publish: a publish the cutter
                     # found whole, on an idle open channel, goes to the channel as it is,
@@ -427,6 +447,108 @@ class Reader(asyncio.Protocol):
             return
         self._channel_frame(FRAME_BODY, number, body)
 
+    # -- placement: handed to the worker of its queues (broker/server/handover.py) ----------
+    def _place(self, batch: list[tuple[int, int, Any]], i: int) -> bool:
+        """Before the frame at batch[i] is handled: is it this connection's first publish or
+        consume, for queues of one other worker? Then reading pauses, the frame and the rest
+        are held, and the connection is handed over once quiet (True); if that cannot be, they
+        are handled here after all. A connection is placed once, by its first such frame."""
+        ftype, number, payload = batch[i]
+        ch = self.channels.get(number)
+        handover = self.node.handover
+        if ch is None or handover is None or self.state != OPENED:
+            return False
+        verdict, home = placement.target(ftype, payload, self.vhost, ch.last_queue,
+                                         self.node.name, handover.siblings.names)
+        if verdict is placement.Verdict.UNDECIDED:
+            if ftype == FRAME_PUBLISH or payload[:4] == _PUBLISH:
+                # routed nowhere yet: asked again, a few times only
+                self._place_tries -= 1
+                self.placing = self._place_tries > 0
+            return False
+        self.placing = False
+        if verdict is placement.Verdict.STAY:
+            return False
+        self._held_for_auth = batch[i:]
+        self.handshake.pause_for(handover.move(self, home), self._placed)
+        return True
+
+    def _placed(self, moved: bool) -> None:
+        if moved:  # handed over: nothing read here is ours to handle
+            self._held_for_auth = []
+
+    def unhandled(self) -> bytes:
+        """The bytes read and not yet handled, as the client sent them (in frames): what
+        the held frames were cut from, then the cutter's incomplete tail."""
+        return frames.encode_frames(self._held_for_auth, self.frame_max) + self.cutter.buf
+
+    def handover_state(self) -> dict[str, Any]:
+        """What the worker this connection is handed to needs to serve it as if it had been
+        there from the start (JSON)."""
+        assert self.principal is not None
+        return {
+            "name": self.name, "user": self.user, "tags": list(self.principal.tags),
+            "backend": self.principal.backend.name, "vhost": self.vhost.name,
+            "client_properties": base64.b64encode(
+                pamqp_encode.field_table(self.client_properties)).decode(),
+            "frame_max": self.frame_max, "channel_max": self.channel_max,
+            "heartbeat": self.heartbeat, "opened_at": self.opened_at,
+            "bytes_in": self.bytes_in, "bytes_out": self.writer.bytes_out,
+            "flow_pauses": self.flow_pauses,
+            "channels": [ch.handover_state() for ch in self.channels.values()],
+        }
+
+    def moved_in(self, state: dict[str, Any], held: bytes) -> None:
+        """A connection handed over to this worker: its open state, before the transport is
+        made (connection_made then opens its channels and replays `held`, what it had read
+        and not handled). Raises KeyError for a vhost, StopIteration for an auth backend
+        this worker does not have."""
+        node = self.node
+        backend = next(b for b in node.auth.backends if b.name == state["backend"])
+        self.vhost = node.vhosts[state["vhost"]]
+        self.name = state["name"]
+        self.user = state["user"]
+        self.principal = Principal(self.user, tuple(state["tags"]), backend)
+        self.client_properties = pamqp_decode.field_table(
+            base64.b64decode(state["client_properties"]))[1]
+        self.frame_max = self.cutter.frame_max = int(state["frame_max"])
+        self.whole_publishes = whole_publishes_fit(self.max_message_size, self.frame_max)
+        self.channel_max = int(state["channel_max"])
+        self.heartbeat = int(state["heartbeat"])
+        self.opened_at = float(state["opened_at"])
+        self.flow_pauses = int(state["flow_pauses"])
+        self.state = OPENED
+        self._adopted = (state, held)
+
+    def _resume_adopted(self, state: dict[str, Any], held: bytes) -> None:
+        self._adopted = None
+        for c in state["channels"]:
+            self._add_channel(int(c["number"])).restore(c)
+        self.writer.bytes_out = int(state["bytes_out"])
+        if self.heartbeat:
+            Heartbeat(self).start()
+        if self.node.blocking_alarms():
+            self.on_alarm(self.node.blocking_alarms())
+        if held:
+            self.data_received(held)
+        self.bytes_in = int(state["bytes_in"])
+
+    def handed_over(self) -> None:
+        """The other worker has the socket now: this side ends without a word to the client
+        (no close frame, no shutdown: the TCP connection lives on over there)."""
+        self.state = CLOSED
+        self._held_for_auth = []
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.node.connection_closed(self)  # counted once: over there from now on
+        for ch in self.channels.values():
+            ch.stop()
+        self.channels.clear()
+        self.assemblers.clear()
+        if self.transport is not None:
+            self.transport.close()  # our descriptor only; nothing is buffered (movable)
+
     def _open_channel(self, number: int, peers: Counts | None = None) -> None:
         check_channel_count(len(self.channels), self.channel_max)
         limit = self.node.users.limit(self.user, "max-channels")
@@ -442,12 +564,16 @@ class Reader(asyncio.Protocol):
                     f"maximum allowed user limit of ({limit})",
                     (20, 10),
                 )
+        self._add_channel(number)
+        self.writer.send(frames.encode_method(number, commands.Channel.OpenOk()))
+
+    def _add_channel(self, number: int) -> Channel:
         ch = Channel(number, self)
         self.channels[number] = ch
         self._live.add(ch)
         self.assemblers[number] = CommandAssembler(self.max_message_size)
         ch.start()
-        self.writer.send(frames.encode_method(number, commands.Channel.OpenOk()))
+        return ch
 
     def _ask_channel_counts(self, number: int) -> None:
         """The user's channels on the other nodes count too: asked with reading paused, the

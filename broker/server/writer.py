@@ -110,6 +110,11 @@ class Writer:
         self._wake()
 
     @property
+    def pending(self) -> bool:
+        """Frames are buffered here, not yet handed to the transport."""
+        return bool(self._buf)
+
+    @property
     def writable(self) -> bool:
         """Neither above the transport's high-water mark nor FULL_BYTES of bodies this turn."""
         return not (self.paused or self.full)

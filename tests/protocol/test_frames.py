@@ -117,3 +117,18 @@ def test_a_lower_frame_max_applies_to_a_repeated_publish() -> None:
     with pytest.raises(ConnectionError_) as err:
         cutter.feed(_publish(1, b"b" * 100))
     assert err.value.code == 501
+
+
+def test_encode_frames_gives_back_the_bytes_that_were_cut() -> None:
+    """What a connection handed to another worker replays (broker/server/handover.py): cut
+    frames (whole publishes among them), encoded again, cut to the same frames; a body over
+    frame_max comes back in frames that fit."""
+    data = (_publish(1, b"a" * 300) + frames.HEARTBEAT_FRAME
+            + frames.encode_method(2, commands.Basic.Qos(prefetch_count=3))
+            + _publish(2, b"b" * 10, b"\x10\x00\x02"))
+    cut = _cut(data, 1 << 20, publishes=True)
+    assert frames.encode_frames(cut, FRAME_MAX) == data
+    big = [(frames.FRAME_PUBLISH, 1, ("content", cut[0][2][1], b"\x00\x00", b"z" * 300))]
+    again = _cut(frames.encode_frames(big, 128), 1 << 20, publishes=False)
+    assert [f[0] for f in again] == [1, 2, 3, 3, 3]
+    assert b"".join(p for t, _, p in again if t == 3) == b"z" * 300
