@@ -174,6 +174,10 @@ class Handshake:
             held, r._held_for_auth = r._held_for_auth, []
             if r.state >= CLOSING:
                 r._closing_frames(held, 0)  # a close that crossed ours still gets close-ok
+                # and what follows is read (close-ok, or dropped): left unread, the socket's
+                # close would reset the connection instead of ending it
+                if r.transport is not None and not r.transport.is_closing():
+                    r.transport.resume_reading()
                 return
             if held:
                 r._frames(held)
