@@ -26,7 +26,8 @@ CONNECTIONS = 12  # enough that the accepting worker is, for some, the other one
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkersBroker]:
-    b = WorkersBroker(tmp_path_factory.mktemp("placement") / "data", 2).start()
+    b = WorkersBroker(tmp_path_factory.mktemp("placement") / "data", 2,
+                      ["--connection-placement=true"]).start()
     yield b
     b.kill()
 
