@@ -14,19 +14,11 @@ import signal
 import time
 from collections.abc import Iterator
 
-import pytest
 from pamqp import commands
 
 from tests.access.helpers import PASSWORD, q, unique
 from tests.amqp_raw import PROTOCOL_HEADER, RawClient
 from tests.workers.helpers import WorkersBroker
-
-
-@pytest.fixture(scope="module")
-def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkersBroker]:
-    b = WorkersBroker(tmp_path_factory.mktemp("catchup") / "data", 2).start()
-    yield b
-    b.kill()
 
 
 @contextlib.contextmanager

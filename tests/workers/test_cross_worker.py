@@ -16,13 +16,6 @@ from tests.workers.helpers import WorkersBroker, one_per_worker
 _names = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkersBroker]:
-    b = WorkersBroker(tmp_path_factory.mktemp("cross") / "data", 2).start()
-    yield b
-    b.kill()
-
-
 @pytest.fixture
 def conns(two: WorkersBroker) -> Iterator[list[pika.BlockingConnection]]:
     """One connection on each worker."""

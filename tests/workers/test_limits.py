@@ -3,7 +3,6 @@ connection lands on (RabbitMQ counts them across its cluster)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from functools import partial
 
 import pika
@@ -11,13 +10,6 @@ import pytest
 
 from tests.access.helpers import connect, make_user, make_vhost, q
 from tests.workers.helpers import WorkersBroker, one_per_worker
-
-
-@pytest.fixture(scope="module")
-def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkersBroker]:
-    b = WorkersBroker(tmp_path_factory.mktemp("limits") / "data", 2).start()
-    yield b
-    b.kill()
 
 
 def _refused(opener: partial[pika.BlockingConnection], text: str) -> None:

@@ -9,7 +9,6 @@ import asyncio
 import os
 import re
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +24,6 @@ from tests.workers.helpers import WorkersBroker, wait_for
 pytestmark = pytest.mark.asyncio
 
 SHOVEL = "/api/parameters/shovel/%2F/"
-
-
-@pytest.fixture(scope="module")
-def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkersBroker]:
-    b = WorkersBroker(tmp_path_factory.mktemp("plugins") / "data", 2).start()
-    yield b
-    b.kill()
 
 
 def _answering_workers(b: WorkersBroker, want: int = 2, tries: int = 100) -> set[str]:
