@@ -166,14 +166,16 @@ class EtcdCluster:
         return self._caught_up(self.revision, timeout_s)  # the revision the refusal saw
 
     async def _caught_up(self, before: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
         try:
-            # an empty range: only its header's revision is wanted
-            _, target = await self.etcd.get_prefix(self.root + "caught-up/")
-        except EtcdUnavailable:
+            # an empty range: only its header's revision is wanted; an etcd that does not
+            # answer costs a read at most timeout_s (then it answers from what it has)
+            _, target = await asyncio.wait_for(
+                self.etcd.get_prefix(self.root + "caught-up/"), timeout_s)
+        except (EtcdUnavailable, TimeoutError):
             return False
         # etcd's revision counts every prefix: one another cluster bumped never comes to our
         # watch, so the wait is bounded (a multi-worker server's meta store is ours alone)
-        deadline = time.monotonic() + timeout_s
         while self.revision < target and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
         return self.revision > before

@@ -79,7 +79,12 @@ async def _caught_up(request: web.Request, handler: Handler) -> web.StreamRespon
     """A name this node does not know yet (a user, vhost or permission made through another
     worker or node a moment ago: a script's two requests landing on two workers of one
     server) is asked for once: if catching up with the cluster's store brought anything new,
-    the request runs again; a refusal is only ever answered from what the cluster held."""
+    the request runs again; a refusal is only ever answered from what the cluster held. A read
+    first catches up with the store (at most a second; at once on a single node): a queue
+    declared through another worker is listed once its declare-ok is out, as on every node of
+    RabbitMQ's cluster."""
+    if request.method == "GET" and request.path.startswith("/api/"):
+        await request.app[NODE].cluster.caught_up()
     try:
         return await handler(request)
     except ApiError as exc:

@@ -8,17 +8,21 @@ holds the change while the request comes in."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import http.client
+import json
 import os
 import signal
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from pamqp import commands
 
 from tests.access.helpers import PASSWORD, q, unique
 from tests.amqp_raw import PROTOCOL_HEADER, RawClient
-from tests.workers.helpers import WorkersBroker
+from tests.workers.helpers import WorkersBroker, connect
 
 
 @contextlib.contextmanager
@@ -106,3 +110,52 @@ def test_a_wrong_password_is_still_refused_on_every_worker(two: WorkersBroker) -
         assert got is None or isinstance(got[1], commands.Connection.Close), got
         c.close()
 
+
+
+
+_AUTH = {"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()}
+
+
+def _answer(h: http.client.HTTPConnection) -> Any:
+    response = h.getresponse()
+    body = response.read()
+    assert response.status == 200, (response.status, body)
+    return json.loads(body)
+
+
+def test_a_queue_declared_on_one_worker_is_listed_by_the_other(two: WorkersBroker) -> None:
+    """RabbitMQ lists a queue on every node once its declare-ok is out: a script that
+    declares, then asks the management API, finds it whichever worker answers. The listing
+    connections are worker 1's (kept alive: HTTP/1.1), the declaring one worker 2's; 3,000
+    exchanges imported first leave worker 1's watch that much to apply when it resumes."""
+    vhost = unique("burst")
+    assert two.api("PUT", f"/api/vhosts/{q(vhost)}", {})[0] == 201
+    two.api("PUT", f"/api/permissions/{q(vhost)}/guest",
+            {"configure": ".*", "write": ".*", "read": ".*"})
+    with _stopped(two.workers()[2]):
+        listing = [http.client.HTTPConnection("127.0.0.1", two.mgmt_port, timeout=10)
+                   for _ in range(4)]
+        for h in listing:
+            h.request("GET", "/api/overview", headers=_AUTH)
+            _answer(h)
+    with _stopped(two.workers()[1]):
+        conn = connect(two)
+    ch = conn.channel()
+    names = [unique("late") for _ in listing]
+    burst = {"exchanges": [{"name": f"x{i}", "vhost": vhost, "type": "fanout", "durable": True,
+                            "auto_delete": False, "internal": False, "arguments": {}}
+                           for i in range(3000)]}
+    try:
+        with _stopped(two.workers()[1]):
+            assert two.api("POST", "/api/definitions", burst)[0] in (200, 201, 204)
+            for name in names:
+                ch.queue_declare(name, exclusive=True)
+            for h in listing:
+                h.request("GET", "/api/queues", headers=_AUTH)
+            time.sleep(0.2)  # the watch events and the requests all wait in its sockets
+        listed = [name in {x["name"] for x in _answer(h)}
+                  for h, name in zip(listing, names, strict=True)]
+        assert listed == [True] * 4
+    finally:
+        conn.close()
+        two.api("DELETE", f"/api/vhosts/{q(vhost)}")
