@@ -89,9 +89,12 @@ def test_messages_of_one_delay_keep_their_order(pika_conns) -> None:
     ch = pika_conns().channel()
     ch.confirm_delivery()
     x, q = delayed_to_queue(ch, "fanout", "")
+    # a delay counts from its message's arrival: the two delays are a second apart, so the
+    # shorter one is due first however long 50 confirmed publishes take on a loaded machine
+    # (100 against 200 ms did not hold in a CI rehearsal: message 1 came before message 30)
     for i in range(50):
         ch.basic_publish(x, "", str(i).encode(),
-                         pika.BasicProperties(headers={"x-delay": 200 if i % 2 else 100}))
+                         pika.BasicProperties(headers={"x-delay": 1100 if i % 2 else 100}))
     wait_depth(ch, q, 50)
     got = [int(ch.basic_get(q, auto_ack=True)[2]) for _ in range(50)]
     assert [n for n in got if n % 2] == list(range(1, 50, 2))
