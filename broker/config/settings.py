@@ -356,7 +356,7 @@ class Settings:
         ),
     )
     connection_placement: bool = field(
-        default=False,
+        default=True,
         metadata=_m(
             v.bool_value,
             "with workers > 1: a plain-TCP connection whose first publish or consume is for "

@@ -240,9 +240,14 @@ class Supervisor:
             sys.executable, "-m", "broker", *self.argv, env=env,
             stdout=asyncio.subprocess.PIPE,
             pass_fds=[fd for fds in role.fds.values() for fd in fds],
-            # a terminal's Ctrl-C goes to the parent alone, which stops the workers in
-            # order; in the parent's group they would stop first and look like crashes
-            start_new_session=True)
+            # a process group of its own: a terminal's Ctrl-C goes to the parent alone, which
+            # stops the workers in order (in the parent's group they would stop first and look
+            # like crashes). The parent's session, not a new one: the kernel's autogroup
+            # shares CPU between sessions, and a worker in a session of its own took a core's
+            # share against the clients of the same machine (its consumers, starved, fell
+            # behind; under load it was ahead of a one-process broker for the wrong reason).
+            # uvloop takes no process_group argument; setpgrp alone is safe after fork.
+            preexec_fn=os.setpgrp)
         worker.started = time.monotonic()
         assert proc.stdout is not None
         try:

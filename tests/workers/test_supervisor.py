@@ -129,6 +129,15 @@ def test_sigterm_stops_every_worker(two: WorkersBroker) -> None:
     assert not [p for p in pids if alive(p)]
 
 
+def test_workers_share_the_parents_session_in_groups_of_their_own(two: WorkersBroker) -> None:
+    """One broker is one CPU scheduling group (the kernel's autogroup is per session): a
+    worker in a session of its own had a core's share against the clients beside it. Its own
+    process group keeps a terminal's Ctrl-C for the parent, which stops the workers in order."""
+    for pid in two.workers().values():
+        assert os.getsid(pid) == os.getsid(two.pid)
+        assert os.getpgid(pid) not in (os.getpgid(two.pid), os.getpgid(0))
+
+
 def test_parent_killed_workers_stop(two: WorkersBroker) -> None:
     pids = list(two.workers().values())
     two.kill(tree=False)
@@ -306,9 +315,10 @@ def test_parent_killed_and_started_again_at_once(tmp_path: Path) -> None:
         b.kill()
 
 
-async def test_remote_consumers_pace_their_publishers(two: WorkersBroker) -> None:
+async def test_remote_consumers_pace_their_publishers(tmp_path: Path) -> None:
     """hare-perf's steady-4x4 gate at workers = 2: its control connection declares all four
-    queues, so they live on one worker while the consumers' connections land on both. A
+    queues, so they live on one worker while the consumers' connections land on both (with
+    connection placement off: on, they would move to the queues' worker and be local). A
     consumer on another worker that waits on its queue makes that queue busy (docs/FLOW.md),
     so publishers are held to the consumers' pace and the backlog stays bounded; before,
     such a queue granted its publishers all their credit and the backlog grew to 65,000 -
@@ -316,7 +326,11 @@ async def test_remote_consumers_pace_their_publishers(two: WorkersBroker) -> Non
     from hare_perf.report import format_report
     from tests.load_gate import within_gate
 
-    report, misses = await within_gate(two.url, two.pid, "steady-4x4", duration_s=6.0)
+    two = WorkersBroker(tmp_path / "data", 2, ["--connection-placement=false"]).start()
+    try:
+        report, misses = await within_gate(two.url, two.pid, "steady-4x4", duration_s=6.0)
+    finally:
+        two.kill()
     assert report.median["received"] > 0, format_report(report)
     assert not misses, misses
 
