@@ -325,14 +325,21 @@ class EtcdCluster:
     def _locate(self, arguments: dict[str, Any]) -> str:
         """The home of a new queue: the declaring node (RabbitMQ's client-local), or with
         x-queue-leader-locator = balanced (or the setting queue_master_locator) the running
-        node with the fewest queues."""
+        node with the fewest queues. The setting's auto is client-local for the server: a
+        client sees one node however many workers it has, so with connection placement (its
+        connections follow their queues) the queue goes to the worker with the fewest, and
+        one connection's declares spread over every core."""
         locator = arguments.get("x-queue-leader-locator") or arguments.get(
             "x-queue-master-locator") or self.node.settings.queue_master_locator
         if isinstance(locator, bytes):
             locator = locator.decode()
-        if locator not in ("balanced", "min-masters"):
+        running = self.membership.running
+        handover = self.node.handover
+        if locator == "auto" and handover is not None:
+            running = [n for n in handover.siblings.names if n in running]
+        elif locator not in ("balanced", "min-masters"):
             return self.node.name
-        counts = {name: 0 for name in self.membership.running}
+        counts = {name: 0 for name in running}
         counts[self.node.name] = 0
         for v in self.node.vhosts.values():
             for q in v.queues.values():

@@ -437,11 +437,14 @@ class Settings:
         ),
     )
     queue_master_locator: str = field(
-        default="client-local",
+        default="auto",
         metadata=_m(
             v.locator_value,
             "home of a new queue without x-queue-master-locator / x-queue-leader-locator: "
-            "client-local (the declaring node) or balanced (min-masters: the fewest queues)",
+            "client-local (the declaring node or worker), balanced (min-masters: the node "
+            "with the fewest queues) or auto (client-local, except that with workers > 1 and "
+            "connection_placement the worker of this server with the fewest queues: its "
+            "connections follow their queues there)",
         ),
     )
     quorum_initial_group_size: int = field(

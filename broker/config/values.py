@@ -186,10 +186,11 @@ def workers_value(value: object, from_text: bool) -> int:
 
 
 def locator_value(value: object, from_text: bool) -> str:
-    """RabbitMQ's queue_master_locator values Hare places by (random: not offered)."""
+    """RabbitMQ's queue_master_locator values Hare places by (random: not offered), and
+    Hare's auto."""
     text = string_value(value, from_text)
-    if text not in ("client-local", "balanced", "min-masters"):
-        raise ValueError(f"expected client-local, balanced or min-masters, got {text!r}")
+    if text not in ("auto", "client-local", "balanced", "min-masters"):
+        raise ValueError(f"expected auto, client-local, balanced or min-masters, got {text!r}")
     return text
 
 

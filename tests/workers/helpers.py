@@ -37,10 +37,15 @@ def wait_for(check: object, timeout: float = 30.0, what: str = "condition") -> N
 
 
 class WorkersBroker(MgmtBroker):
-    """MgmtBroker run with `--workers N`."""
+    """MgmtBroker run with `--workers N`. Its queues live on the worker of the connection that
+    declares them (client-local, unless `args` name a locator): these tests cross workers on
+    purpose, by choosing the connection; the default, auto, spreads them (test_placement)."""
 
     def __init__(self, data_dir: Path, count: int = 2, args: list[str] | None = None) -> None:
-        super().__init__(data_dir, ["--workers", str(count), *(args or [])])
+        args = list(args or [])
+        if not any(a.startswith("--queue-master-locator") for a in args):
+            args.append("--queue-master-locator=client-local")
+        super().__init__(data_dir, ["--workers", str(count), *args])
         self.count = count
 
     def start(self, timeout: float = 60.0) -> WorkersBroker:

@@ -175,6 +175,31 @@ def test_balanced_locator_spreads_one_connections_queues(tmp_path: Path) -> None
         assert b.stop() == 0
 
 
+@pytest.mark.parametrize("placement", ["true", "false"])
+def test_auto_locator_spreads_queues_when_connections_follow_them(tmp_path: Path,
+                                                                  placement: str) -> None:
+    """The default locator, auto: with connection placement one connection's queues spread
+    over the workers (a client sees one node, and its connections move to their queues, so
+    every core works); without placement a queue stays on its declaring worker
+    (client-local, so its declaring connection crosses nothing)."""
+    b = WorkersBroker(tmp_path / "data", 2, ["--queue-master-locator=auto",
+                                             f"--connection-placement={placement}"]).start()
+    try:
+        c = connect(b)
+        ch = c.channel()
+        for i in range(4):
+            ch.queue_declare(f"auto-{i}")
+        ch.queue_declare("mine", exclusive=True)
+        nodes = [b.node_of(f"auto-{i}") for i in range(4)]
+        if placement == "true":
+            assert sorted(nodes.count(n) for n in set(nodes)) == [2, 2]
+        else:
+            assert set(nodes) == {b.node_of("mine")}
+        c.close()
+    finally:
+        assert b.stop() == 0
+
+
 def test_management_shows_the_whole_broker(two: WorkersBroker) -> None:
     """Whichever worker answers: every queue once with its home worker's message count,
     every connection, and overview totals summed over the workers."""
