@@ -14,7 +14,7 @@ import contextlib
 import socket
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -333,7 +333,7 @@ class EtcdCluster:
             "x-queue-master-locator") or self.node.settings.queue_master_locator
         if isinstance(locator, bytes):
             locator = locator.decode()
-        running = self.membership.running
+        running: Collection[str] = self.membership.running
         handover = self.node.handover
         if locator == "auto" and handover is not None:
             running = [n for n in handover.siblings.names if n in running]
