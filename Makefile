@@ -18,7 +18,8 @@ run: $(STAMP)
 
 # The suite in TEST_PROCS processes (pytest-xdist): a file's tests in one process, the heavy
 # tests (tests/conftest.py, HEAVY) one after another in one process, started first.
-# TEST_PROCS=0 runs it in this one process.
+# TEST_PROCS=0 runs it in this one process. Its brokers are single processes (tests/conftest.py
+# sets HARE_WORKERS=1 unless the environment names a count; test-workers below runs two).
 TEST_PROCS ?= 4
 PYTEST := $(BIN)/python -m pytest -q -rs -n $(TEST_PROCS) --dist loadgroup
 

@@ -20,6 +20,11 @@ from hypothesis import HealthCheck, settings
 ROOT = Path(__file__).resolve().parent.parent
 WORKER_ENV = "_HARE_WORKER"  # set in each worker's environment by broker/node/supervisor.py
 
+# Every broker the suite starts is one process unless the run asks for workers (make
+# test-workers: HARE_WORKERS=2); the default, auto, would make each a parent and a worker per
+# core. CI runs the suite both ways. A test that pins --workers keeps its own.
+os.environ.setdefault("HARE_WORKERS", "1")
+
 
 # Hypothesis times each example (deadline) and the drawing of its inputs (too_slow): on a busy
 # machine, the more so with the suite in several processes, both fail for the machine's sake,

@@ -346,7 +346,7 @@ class Settings:
     )
     # processes (docs/ARCHITECTURE.md, "Process tree")
     workers: int = field(
-        default=1,
+        default=0,
         metadata=_m(
             v.workers_value,
             "worker processes, each a node of a private cluster (with cluster_etcd: of that "

@@ -22,4 +22,4 @@ def one_process_per_node(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every node here is one process, whatever HARE_WORKERS the suite runs with (make
     test-workers): hare-server refuses workers > 1 with cluster_etcd (a multi-worker server
     is not yet an etcd member, docs/ARCHITECTURE.md "Process tree")."""
-    monkeypatch.delenv("HARE_WORKERS", raising=False)
+    monkeypatch.setenv("HARE_WORKERS", "1")

@@ -74,6 +74,6 @@ def test_workers_setting_accepts_auto() -> None:
 
     assert load_settings([], env={"HARE_WORKERS": "auto"}).workers == 0
     assert load_settings(["--workers", "3"], env={}).workers == 3
-    assert load_settings([], env={}).workers == 1  # the default on this branch: one process
+    assert load_settings([], env={}).workers == 0  # the default: auto
     with pytest.raises(ConfigError, match="expected auto or an integer"):
         load_settings(["--workers", "many"], env={})

@@ -30,8 +30,9 @@ QUEUE = "deploy-durable"
 def test_compose_messages_survive_restart_and_stop_is_clean(image: str) -> None:
     with compose_project(image) as (broker, compose):
         compose("up", "-d")
-        # the compose file names the node: the same name whatever the container's id
-        assert broker.wait_serving()["name"] == "hare@hare"
+        # the compose file names the node: the same name whatever the container's id (the
+        # server's: with a worker per CPU each worker's node is hare@hare-w<i>)
+        assert broker.wait_serving()["server"] == "hare@hare"
         from_pika = [b"pika %d" % n for n in range(50)]
         from_aio_pika = [b"aio-pika %d" % n for n in range(50)]
         publish_with_pika(broker.url(), "", QUEUE, from_pika)  # the compose file's user

@@ -29,7 +29,11 @@ def container(image: str) -> Iterator[Broker]:
            "-p", f"127.0.0.1:{broker.amqp_port}:5672",
            "-p", f"127.0.0.1:{broker.mgmt_port}:15672",
            "-e", "HARE_DEFAULT_USER=admin", "-e", f"HARE_DEFAULT_PASS={broker.password}",
-           "-e", "HARE_VM_MEMORY_HIGH_WATERMARK=0.5", image)
+           "-e", "HARE_VM_MEMORY_HIGH_WATERMARK=0.5",
+           # one process (the image's default, auto, is a worker per CPU: there the watermark
+           # is split between the workers, and a stopped parent is not a wedged broker, its
+           # workers answer; tests/docker/test_image_workers.py runs auto)
+           "-e", "HARE_WORKERS=1", image)
     try:
         yield broker
     finally:
