@@ -156,10 +156,17 @@ def test_one_worker_is_one_process(tmp_path: Path) -> None:
     assert not (tmp_path / "data" / "w1").exists()
 
 
-def test_balanced_locator_spreads_one_connections_queues(tmp_path: Path) -> None:
-    """queue_master_locator = balanced: queues declared on one connection go to the worker
-    with the fewest queues, so they spread; exclusive ones stay on the connection's."""
-    b = WorkersBroker(tmp_path / "data", 2, ["--queue-master-locator", "balanced"]).start()
+@pytest.mark.parametrize(("locator", "placement", "spread"), [
+    ("balanced", "true", True), ("auto", "true", True), ("auto", "false", False)])
+def test_locators_place_one_connections_queues(tmp_path: Path, locator: str, placement: str,
+                                               spread: bool) -> None:
+    """balanced: queues declared on one connection go to the worker with the fewest, so they
+    spread. auto (the default): the same with connection placement (a client sees one node,
+    and its connections move to their queues, so every core works); without it a queue stays
+    on its declaring worker (client-local: its declaring connection crosses nothing).
+    Exclusive queues always stay on their connection's worker."""
+    b = WorkersBroker(tmp_path / "data", 2, [f"--queue-master-locator={locator}",
+                                             f"--connection-placement={placement}"]).start()
     try:
         c = connect(b)
         ch = c.channel()
@@ -168,30 +175,8 @@ def test_balanced_locator_spreads_one_connections_queues(tmp_path: Path) -> None
         ch.queue_declare("mine", exclusive=True)
         ch.queue_declare("mine-too", exclusive=True)
         nodes = [b.node_of(f"spread-{i}") for i in range(4)]
-        assert sorted(nodes.count(n) for n in set(nodes)) == [2, 2]
         assert b.node_of("mine") == b.node_of("mine-too")
-        c.close()
-    finally:
-        assert b.stop() == 0
-
-
-@pytest.mark.parametrize("placement", ["true", "false"])
-def test_auto_locator_spreads_queues_when_connections_follow_them(tmp_path: Path,
-                                                                  placement: str) -> None:
-    """The default locator, auto: with connection placement one connection's queues spread
-    over the workers (a client sees one node, and its connections move to their queues, so
-    every core works); without placement a queue stays on its declaring worker
-    (client-local, so its declaring connection crosses nothing)."""
-    b = WorkersBroker(tmp_path / "data", 2, ["--queue-master-locator=auto",
-                                             f"--connection-placement={placement}"]).start()
-    try:
-        c = connect(b)
-        ch = c.channel()
-        for i in range(4):
-            ch.queue_declare(f"auto-{i}")
-        ch.queue_declare("mine", exclusive=True)
-        nodes = [b.node_of(f"auto-{i}") for i in range(4)]
-        if placement == "true":
+        if spread:
             assert sorted(nodes.count(n) for n in set(nodes)) == [2, 2]
         else:
             assert set(nodes) == {b.node_of("mine")}
