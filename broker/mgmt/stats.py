@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -92,7 +91,9 @@ class Stats:
         self.retired_ch: dict[str, int] = dict.fromkeys(CHANNEL_COUNTERS, 0)
         self._last_q: dict[AMQQueue, dict[str, int]] = {}
         self._last_ch: dict[Channel, dict[str, int]] = {}
-        self._closed_ch: weakref.WeakSet[Channel] = weakref.WeakSet()  # retired by the hook
+        # retired by the hook, until a sample finds them gone from the node (held, not weakly:
+        # the compiled Channel, a mypyc class, takes no weak reference)
+        self._closed_ch: set[Channel] = set()
         self.queue_rates: dict[AMQQueue, dict[str, float]] = {}
         self.node_rates: dict[str, float] = {}
         self._last_totals: dict[str, int] | None = None
@@ -173,7 +174,9 @@ class Stats:
                     self.retired_q[key] += last[key]
         self._last_q = live_q
         self.queue_rates = rates
-        live_ch = {ch: _counts(ch, CHANNEL_COUNTERS) for ch in self._live_channels()}
+        listed = set(channels(self.node))
+        self._closed_ch &= listed
+        live_ch = {ch: _counts(ch, CHANNEL_COUNTERS) for ch in listed - self._closed_ch}
         for ch, last in self._last_ch.items():
             if ch not in live_ch:
                 for key, n in last.items():

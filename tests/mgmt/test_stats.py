@@ -3,9 +3,13 @@ keep what deleted queues and closed channels counted."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pika
+
 from broker.mgmt.stats import Stats
+from tests.mgmt.helpers import MgmtBroker
 
 
 class FakeQueue:
@@ -91,3 +95,22 @@ def test_a_queue_created_between_samples_has_rates_at_once() -> None:
     stats.sample()
     assert stats.rate(q, "publish") == 6.0
     assert stats.rate(q, "messages") == 6.0
+
+
+def test_a_closed_channel_is_retired_on_a_real_broker(tmp_path: Path) -> None:
+    """The hook runs in the channel's own task as it ends: on the compiled build (a mypyc
+    class takes no weak reference) it raised there, so every closed channel left a task
+    exception behind (logged when the broker stopped). Its counts still reach the totals."""
+    b = MgmtBroker(tmp_path / "data").start()
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(b.url + "%2F?heartbeat=0"))
+        for _ in range(3):
+            ch = conn.channel()
+            ch.basic_publish("", "nowhere", b"x")
+            ch.close()
+        conn.close()
+        assert b.get("/api/overview")["message_stats"]["publish"] == 3
+    finally:
+        assert b.stop() == 0
+    log = b.log_path.read_text()
+    assert "exception was never retrieved" not in log, log[-3000:]
