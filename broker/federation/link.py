@@ -290,7 +290,15 @@ class _Forwarder:
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
         self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        """A publish or ack that failed (the downstream refused the exchange and closed the
+        channel, or the connection went) ends the session through the channel's close, which
+        the link reports; here it is only noted, not left for asyncio to call unretrieved."""
+        self._pending.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.debug("federation: a forward ended with its session", error=str(exc))
 
 
 class ExchangeLink(Link):
