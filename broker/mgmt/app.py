@@ -76,20 +76,13 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 @web.middleware
 async def _caught_up(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """A name this node does not know yet (a user, vhost or permission made through another
-    worker or node a moment ago: a script's two requests landing on two workers of one
-    server) is asked for once: if catching up with the cluster's store brought anything new,
-    the request runs again; a refusal is only ever answered from what the cluster held. A read
-    first catches up with the store (at most a second; at once on a single node): a queue
-    declared through another worker is listed once its declare-ok is out, as on every node of
-    RabbitMQ's cluster."""
-    if request.method == "GET" and request.path.startswith("/api/"):
+    """Every API request is answered from what the cluster's store held when it came (at
+    most a second's wait; at once on a single node): a script's two requests may land on two
+    workers of one server, and a queue, user, vhost or permission made through one a moment
+    ago is listed and known by the other, as on every node of RabbitMQ's cluster. (AMQP's
+    handshake asks only before it refuses: a login is far more frequent than a request.)"""
+    if request.path.startswith("/api/"):
         await request.app[NODE].cluster.caught_up()
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        if exc.status not in (400, 401, 404) or not await request.app[NODE].cluster.caught_up():
-            raise
     return await handler(request)
 
 
