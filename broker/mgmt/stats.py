@@ -174,9 +174,8 @@ class Stats:
                     self.retired_q[key] += last[key]
         self._last_q = live_q
         self.queue_rates = rates
-        listed = set(channels(self.node))
-        self._closed_ch &= listed
-        live_ch = {ch: _counts(ch, CHANNEL_COUNTERS) for ch in listed - self._closed_ch}
+        self._closed_ch.intersection_update(channels(self.node))
+        live_ch = {ch: _counts(ch, CHANNEL_COUNTERS) for ch in self._live_channels()}
         for ch, last in self._last_ch.items():
             if ch not in live_ch:
                 for key, n in last.items():
