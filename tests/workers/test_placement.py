@@ -2,7 +2,8 @@
 whose first publish or consume is for a queue of the other worker is handed over to that
 worker with its socket, and the client notices nothing: every message, in order, every
 confirm, basic.return, the connection listed once (on its new worker) and closed by name. A
-connection that is not simple at that moment stays where it was accepted and still works."""
+connection that is not simple at that moment stays where it was accepted and still works.
+Placement is on by default: the tests use tests/workers/conftest.py's broker."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 
 import pika
 import pytest
@@ -22,14 +22,6 @@ from tests.workers.helpers import WorkersBroker, connect, one_per_worker, wait_f
 
 _names = itertools.count()
 CONNECTIONS = 12  # enough that the accepting worker is, for some, the other one
-
-
-@pytest.fixture(scope="module")
-def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkersBroker]:
-    b = WorkersBroker(tmp_path_factory.mktemp("placement") / "data", 2,
-                      ["--connection-placement=true"]).start()
-    yield b
-    b.kill()
 
 
 def _named(b: WorkersBroker, name: str, heartbeat: int = 0) -> pika.BlockingConnection:
