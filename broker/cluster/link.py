@@ -125,6 +125,8 @@ class Link:
         self.channel = LinkChannel(self)
         # calls waiting for a reply
         self._calls: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        # consumers cancelled on this side, until their home answers that they are off
+        self._unsubs: dict[int, asyncio.Future[None]] = {}
         self._answering: set[asyncio.Task[None]] = set()
         self.published = 0  # messages sent in PUBLISH frames (metrics, benchmarks)
 
@@ -342,10 +344,25 @@ class Link:
                 self.delivery_credit.peer_down(credit)
         return cid
 
-    def unsubscribe(self, consumer: Consumer) -> None:
+    def unsubscribe(self, consumer: Consumer) -> asyncio.Future[None] | None:
+        """The consumer stops here at once (what the home still sends goes back to its queue);
+        the future is done when the home has it off its queue, or the link went (which takes
+        them all off), or after RPC_TIMEOUT_S. basic.cancel's cancel-ok waits for it, as
+        RabbitMQ's follows the queue's removal: the client's next basic.consume, on any
+        connection, is judged without the cancelled one."""
         cid = self._forget(consumer)
-        if cid is not None:
-            self.control({"op": "unsub", "cid": cid})
+        if cid is None:
+            return None
+        loop = asyncio.get_running_loop()
+        done = self._unsubs[cid] = loop.create_future()
+        loop.call_later(RPC_TIMEOUT_S, self._unsubscribed, cid)
+        self.control({"op": "unsub", "cid": cid})
+        return done
+
+    def _unsubscribed(self, cid: int) -> None:
+        done = self._unsubs.pop(cid, None)
+        if done is not None and not done.done():
+            done.set_result(None)
 
     def settle(self, rq: RemoteQueue, op: str, seqs: list[int], requeue: bool = False) -> None:
         self.control({"op": op, "v": rq.vhost.name, "q": rq.name, "seqs": seqs,
@@ -460,6 +477,9 @@ class Link:
             self.channel.share_window(m["cid"], m["on"])
         elif op == "unsub":
             self.channel.unsubscribe(m["cid"])
+            self.control({"op": "unsubbed", "cid": m["cid"]})
+        elif op == "unsubbed":  # the home took our cancelled consumer off its queue
+            self._unsubscribed(m["cid"])
         elif op == "unsub_requeue":
             self.channel.requeue_for(m["cid"], m["seqs"])
         elif op == "cancel":  # our consumer's queue went away on the peer
@@ -534,6 +554,8 @@ class Link:
         for future in self._calls.values():
             if not future.done():
                 future.set_exception(LinkError(f"link to {self.peer} closed"))
+        for cid in list(self._unsubs):  # the home drops every consumer of ours with the link
+            self._unsubscribed(cid)
         # publisher side: unconfirmed publishes to the peer's queues are nacked, credit freed
         for (sid, rq), inflight in self._inflight.items():
             channel = self._senders.get(sid)

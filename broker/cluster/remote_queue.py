@@ -4,6 +4,7 @@ messages and consumers go over the inter-node link to the home node (broker/clus
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import time
@@ -163,12 +164,14 @@ class RemoteQueue:
         if link is not None and link.open_window(consumer):
             self.consumers.append(consumer)
 
-    def remove_consumer(self, consumer: Consumer) -> None:
+    def remove_consumer(self, consumer: Consumer) -> asyncio.Future[None] | None:
+        """Off here at once; the future is done when the home has it off too."""
         with contextlib.suppress(ValueError):
             self.consumers.remove(consumer)
         link = self.cluster.links.get(self.home)
-        if link is not None:  # also one admitted that add_consumer did not take
-            link.unsubscribe(consumer)
+        if link is None:  # the home dropped it with the link
+            return None
+        return link.unsubscribe(consumer)  # also one admitted that add_consumer did not take
 
     def consumer_activity(self, consumer: Consumer) -> tuple[bool, str]:
         return True, "up"

@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     from broker.flow.credit_flow import CreditFlow
     from broker.message import Message
     from broker.protocol.channel_state import ChannelState
@@ -156,8 +158,10 @@ class QueueType(Protocol):
         """basic.consume, after admit_consumer and consume-ok: deliveries start."""
         ...
 
-    def remove_consumer(self, consumer: Consumer) -> None:
-        """basic.cancel or the channel closing."""
+    def remove_consumer(self, consumer: Consumer) -> Awaitable[None] | None:
+        """basic.cancel or the channel closing. None: the consumer is off the queue now;
+        else what completes when it is (a queue whose home is another node or worker) and
+        never raises: basic.cancel's cancel-ok waits for it, a closing channel need not."""
         ...
 
     def consumer_activity(self, consumer: Consumer) -> tuple[bool, str]:

@@ -608,14 +608,21 @@ class Channel:
             )
         )
 
-    def _basic_cancel(self, m: commands.Basic.Cancel) -> None:
+    def _basic_cancel(self, m: commands.Basic.Cancel) -> Awaitable[None] | None:
         if self.reply_consumer is not None and m.consumer_tag == self.reply_consumer[0]:
             self._stop_replies()
         consumer = self.consumers.pop(m.consumer_tag, None)
+        removed = None if consumer is None else consumer.queue.remove_consumer(consumer)
+        if removed is not None:  # its home is elsewhere: cancel-ok once it is off there
+            return self._cancel_ok_after(removed, m)
         if not m.nowait:
             self.send(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
-        if consumer is not None:
-            consumer.queue.remove_consumer(consumer)
+        return None
+
+    async def _cancel_ok_after(self, removed: Awaitable[None], m: commands.Basic.Cancel) -> None:
+        await removed
+        if not m.nowait:
+            self.send(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
 
     def consumer_cancelled_by_queue(self, consumer: Consumer) -> None:
         """The queue went away (its consumers are already off it): tell the client through

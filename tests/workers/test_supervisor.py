@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -393,6 +394,32 @@ def test_exclusive_consumers_hold_across_workers(two: WorkersBroker) -> None:
     refused(other, exclusive=True)
     plain.basic_cancel(tag)
     consume(other, exclusive=True)
+    home.close()
+    other.close()
+
+
+def test_cancel_ok_follows_the_home_workers_removal(two: WorkersBroker) -> None:
+    """RabbitMQ's cancel-ok comes after the queue has dropped the consumer, so a client's next
+    basic.consume, on any connection, is judged without it. The queue's home worker is
+    stopped while the other worker cancels its exclusive consumer: no cancel-ok until the
+    home, resumed, has taken it off; then an exclusive consume at home is not refused."""
+    (home_node, home), (_, other) = sorted(one_per_worker(two).items())
+    home.channel().queue_declare("xc")
+    held = other.channel()
+    tag = held.basic_consume("xc", lambda *_: None, exclusive=True)
+    home_pid = two.workers()[int(home_node.rsplit("-w", 1)[1])]
+    os.kill(home_pid, signal.SIGSTOP)
+    try:
+        cancelling = threading.Thread(target=held.basic_cancel, args=(tag,))
+        cancelling.start()
+        cancelling.join(1.0)
+        early = not cancelling.is_alive()
+    finally:
+        os.kill(home_pid, signal.SIGCONT)
+    cancelling.join(10)
+    assert not early, "cancel-ok came while the queue's home still held the consumer"
+    assert not cancelling.is_alive(), "no cancel-ok after the home resumed"
+    home.channel().basic_consume("xc", lambda *_: None, exclusive=True)
     home.close()
     other.close()
 
