@@ -91,12 +91,14 @@ def movable(r: Reader) -> str | None:
     plain TCP, open, nothing owned here that a handover would have to carry (consumers,
     unacked deliveries, transactions, exclusive queues, a direct reply-to name), nothing
     unconfirmed, nothing on its way in or out (channel mailboxes, the writer, a content being
-    assembled), not blocked."""
+    assembled), not blocked (by credit, or by an alarm it published under)."""
     if r.tls is not None:
         return "tls"
     if r.state != ConnectionState.OPENED or r.transport is None or r.transport.is_closing():
         return "not open"
-    if r.alarm_blocked or r.blocked_by_credit or r.content_held or r.channels_opening:
+    # an alarm holds only a connection that published under it: a consumer's moves, and the
+    # worker it goes to blocks it as this one would (one alarm state for the process tree)
+    if r.held_by_alarm or r.blocked_by_credit or r.content_held or r.channels_opening:
         return "blocked"
     if r.writer.pending or r.transport.get_write_buffer_size():
         return "writing"

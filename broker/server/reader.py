@@ -626,7 +626,7 @@ class Reader(asyncio.Protocol):
 
     def _blocked(self) -> bool:
         """Must the socket wait (for credit, the end of an alarm, content budget)?"""
-        blocked = self.alarm_blocked and self._published_since_alarm
+        blocked = self.held_by_alarm
         if blocked and not self._blocked_sent:
             # RabbitMQ's publish_received: only a connection that publishes under the alarm
             # is blocked and told so; a consumer's connection never is
@@ -679,6 +679,12 @@ class Reader(asyncio.Protocol):
 
     def content_budget_freed(self) -> None:
         self._maybe_resume()
+
+    @property
+    def held_by_alarm(self) -> bool:
+        """An alarm blocks it (or will at its next read): it published while one is raised.
+        A connection that only consumes is never held (RabbitMQ's publish_received)."""
+        return self.alarm_blocked and self._published_since_alarm
 
     @property
     def _published_since_alarm(self) -> bool:

@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pika
 import pytest
@@ -307,3 +308,25 @@ def test_unroutable_publisher_stops_being_placed(two: WorkersBroker) -> None:
     assert kept - {node}, "none of the 64-publish connections stayed on the other worker"
     for conn in conns.values():
         conn.close()
+
+
+def test_consumers_move_under_a_memory_alarm(tmp_path: Path) -> None:
+    """A raised alarm holds a connection that published under it (it is blocked where it
+    is), not one that only consumes: consumers still go to their queue's worker, which shares
+    the alarm, and are served there."""
+    b = WorkersBroker(tmp_path / "data", 2, ["--vm-memory-high-watermark", "1MiB",
+                                             "--memory-monitor-interval-s", "0.05"]).start()
+    try:
+        wait_for(lambda: all(r["mem_alarm"] for r in b.get("/api/nodes")),
+                 what="the memory alarm on every worker")
+        queues = _queue_on_each(b, "alarmed")
+        node, queue = next(iter(queues.items()))
+        names, conns = _some_elsewhere(b, "alarmed-consumer", node)
+        for conn in conns:
+            conn.channel().basic_consume(queue, lambda *_: None)
+        _wait_moved(b, names, node)
+        for conn in conns:  # still served, on the new worker
+            conn.channel().queue_declare(queue, passive=True)
+            conn.close()
+    finally:
+        b.kill()
