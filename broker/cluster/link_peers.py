@@ -100,6 +100,10 @@ class ConsumerCredit:
     drains (the channel wakes its queues then), so the home stops when the client stops
     reading, as a local consumer's writer stops its queue."""
 
+    # slots here and in LinkConsumer: one of each a consumer of another worker's queue, and
+    # servers run thousands of consumers (a dict each was about 600 of their 2,700 bytes)
+    __slots__ = ("cid", "credit_flow", "held", "link", "reserved", "shares", "wanted")
+
     def __init__(self, link: Link, cid: int) -> None:
         self.link = link
         self.cid = cid
@@ -122,6 +126,9 @@ class LinkConsumer:
     credit is spent. The window is shut until the peer opens it (its first grant, after
     consume-ok), so nothing reaches the peer before its client has consume-ok."""
 
+    __slots__ = ("_asked", "channel", "cid", "consumer", "consumer_unacked", "credit",
+                 "global_prefetch", "queue", "reader", "state", "user", "writer")
+
     number = 0  # what the management API shows as its channel
     paused = False
     flow_active = True
@@ -142,16 +149,16 @@ class LinkConsumer:
         self.global_prefetch = 0
         self.consumer_unacked = 0
         self._asked = False
-        # credit from the peer's consumer, which this stands for: kept against itself
-        self.credit_flow = CreditFlow(self, CONSUMER_CREDIT, CONSUMER_MORE_CREDIT_AFTER)
-        self.credit_flow.send_many(self, CONSUMER_CREDIT)  # shut: the peer opens it
-        self.credit_flow.on_unblocked = self._unblocked
+        # bytes the peer's consumer, which this stands for, lets us send it: the sender side
+        # of one credit-flow link with one peer, so a count (a CreditFlow of its own was
+        # 480 bytes a consumer). 0: shut until the peer opens it
+        self.credit = 0
 
     @property
     def full(self) -> bool:
         """Asked only when the queue has a message for this consumer: so with its share of
         the peer's window spent, that is when it asks for more."""
-        return (self.channel.writer.full or self.credit_flow.blocked()
+        return (self.channel.writer.full or self.credit <= 0
                 or (self.global_prefetch != 0 and self.consumer_unacked >= self.global_prefetch
                     and self._want()))
 
@@ -202,12 +209,15 @@ class LinkConsumer:
         if self.queue is not None:
             self.queue.wake()
 
-    def _unblocked(self) -> None:
-        if self.queue is not None:
+    def bump(self, amount: int) -> None:
+        """The peer's consumer granted `amount` more (CreditFlow.handle_bump's rule)."""
+        before = self.credit
+        self.credit = before + amount
+        if before <= 0 < self.credit and self.queue is not None:
             self.queue.wake()
 
     def deliver(self, consumer: Consumer, queue: QueueType, entry: Entry) -> None:
-        self.credit_flow.send_many(self, delivery_size(entry[1].body))
+        self.credit -= delivery_size(entry[1].body)
         if self.global_prefetch:
             self.consumer_unacked += 1
         self.channel.deliver(consumer, queue, entry)
@@ -259,7 +269,7 @@ class LinkChannel:
         """The peer's client took deliveries: credit for more."""
         view = self._view(cid)
         if view is not None:
-            view.credit_flow.handle_bump(view, amount)
+            view.bump(amount)
 
     def _view(self, cid: int) -> LinkConsumer | None:
         c = self.consumers.get(cid)

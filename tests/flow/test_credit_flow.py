@@ -29,7 +29,12 @@ class MailboxActor(Actor):
     def __init__(self, name: str, initial: int = 4, more: int = 2) -> None:
         super().__init__(name, initial, more)
         self.mailbox: deque[tuple[object, int]] = deque()
-        self.credit_flow.deliver_bump = lambda frm, n: self.mailbox.append((frm, n))
+        self.credit_flow = CreditFlow(self, initial, more, deliver_bump=self._post)
+        self.credit_flow.on_blocked = lambda: self.events.append("blocked")
+        self.credit_flow.on_unblocked = lambda: self.events.append("unblocked")
+
+    def _post(self, frm: object, n: int) -> None:
+        self.mailbox.append((frm, n))
 
     def drain(self) -> None:
         while self.mailbox:
