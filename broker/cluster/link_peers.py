@@ -100,8 +100,8 @@ class ConsumerCredit:
     drains (the channel wakes its queues then), so the home stops when the client stops
     reading, as a local consumer's writer stops its queue."""
 
-    # slots here and in LinkConsumer: one of each a consumer of another worker's queue, and
-    # servers run thousands of consumers (a dict each was about 600 of their 2,700 bytes)
+    # slots here and in LinkConsumer: there is one of each for every consumer of another
+    # worker's queue, and servers run thousands of consumers
     __slots__ = ("cid", "credit_flow", "held", "link", "reserved", "shares", "wanted")
 
     def __init__(self, link: Link, cid: int) -> None:
@@ -151,7 +151,7 @@ class LinkConsumer:
         self._asked = False
         # bytes the peer's consumer, which this stands for, lets us send it: the sender side
         # of one credit-flow link with one peer, so a count (a CreditFlow of its own was
-        # 480 bytes a consumer). 0: shut until the peer opens it
+        # about 800 bytes a consumer). 0: shut until the peer opens it
         self.credit = 0
 
     @property
