@@ -30,6 +30,7 @@ import hashlib
 import hmac
 import json
 import os
+from collections.abc import Coroutine
 from itertools import count
 from typing import TYPE_CHECKING, Any
 
@@ -125,9 +126,8 @@ class Link:
         self.channel = LinkChannel(self)
         # calls waiting for a reply
         self._calls: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        # consumers cancelled on this side, until their home answers that they are off
-        self._unsubs: dict[int, asyncio.Future[None]] = {}
-        self._answering: set[asyncio.Task[None]] = set()
+        # held while they run: answers to the peer's calls, our cancels waiting for theirs
+        self._tasks: set[asyncio.Task[None]] = set()
         self.published = 0  # messages sent in PUBLISH frames (metrics, benchmarks)
 
     def start(self) -> None:
@@ -344,25 +344,26 @@ class Link:
                 self.delivery_credit.peer_down(credit)
         return cid
 
-    def unsubscribe(self, consumer: Consumer) -> asyncio.Future[None] | None:
+    def unsubscribe(self, consumer: Consumer) -> asyncio.Task[None] | None:
         """The consumer stops here at once (what the home still sends goes back to its queue);
-        the future is done when the home has it off its queue, or the link went (which takes
-        them all off), or after RPC_TIMEOUT_S. basic.cancel's cancel-ok waits for it, as
-        RabbitMQ's follows the queue's removal: the client's next basic.consume, on any
+        the task ends when the home has it off its queue, or the link went (which takes them
+        all off), or the call timed out; it never raises. basic.cancel's cancel-ok waits for
+        it, as RabbitMQ's follows the queue's removal: the client's next basic.consume, on any
         connection, is judged without the cancelled one."""
         cid = self._forget(consumer)
         if cid is None:
             return None
-        loop = asyncio.get_running_loop()
-        done = self._unsubs[cid] = loop.create_future()
-        loop.call_later(RPC_TIMEOUT_S, self._unsubscribed, cid)
-        self.control({"op": "unsub", "cid": cid})
-        return done
+        return self._spawn(self._unsubscribe(cid))
 
-    def _unsubscribed(self, cid: int) -> None:
-        done = self._unsubs.pop(cid, None)
-        if done is not None and not done.done():
-            done.set_result(None)
+    async def _unsubscribe(self, cid: int) -> None:
+        with contextlib.suppress(LinkError):
+            await self.call({"op": "unsub", "cid": cid})
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def settle(self, rq: RemoteQueue, op: str, seqs: list[int], requeue: bool = False) -> None:
         self.control({"op": op, "v": rq.vhost.name, "q": rq.name, "seqs": seqs,
@@ -475,11 +476,9 @@ class Link:
             self.channel.grant(m["cid"], m["n"])
         elif op == "gqos":  # the peer's channel set or cleared basic.qos global
             self.channel.share_window(m["cid"], m["on"])
-        elif op == "unsub":
+        elif op == "unsub":  # a call, answered in this frame's order with the others
             self.channel.unsubscribe(m["cid"])
-            self.control({"op": "unsubbed", "cid": m["cid"]})
-        elif op == "unsubbed":  # the home took our cancelled consumer off its queue
-            self._unsubscribed(m["cid"])
+            self.control({"op": "reply", "call": m["call"]})
         elif op == "unsub_requeue":
             self.channel.requeue_for(m["cid"], m["seqs"])
         elif op == "cancel":  # our consumer's queue went away on the peer
@@ -507,9 +506,7 @@ class Link:
             if future is not None and not future.done():
                 future.set_result(m)
         elif "call" in m:
-            task = asyncio.get_running_loop().create_task(self._answer(m))
-            self._answering.add(task)
-            task.add_done_callback(self._answering.discard)
+            self._spawn(self._answer(m))
         else:
             log.warning("unknown link frame", op=op, peer=self.peer)
 
@@ -554,8 +551,6 @@ class Link:
         for future in self._calls.values():
             if not future.done():
                 future.set_exception(LinkError(f"link to {self.peer} closed"))
-        for cid in list(self._unsubs):  # the home drops every consumer of ours with the link
-            self._unsubscribed(cid)
         # publisher side: unconfirmed publishes to the peer's queues are nacked, credit freed
         for (sid, rq), inflight in self._inflight.items():
             channel = self._senders.get(sid)

@@ -164,8 +164,8 @@ class RemoteQueue:
         if link is not None and link.open_window(consumer):
             self.consumers.append(consumer)
 
-    def remove_consumer(self, consumer: Consumer) -> asyncio.Future[None] | None:
-        """Off here at once; the future is done when the home has it off too."""
+    def remove_consumer(self, consumer: Consumer) -> asyncio.Task[None] | None:
+        """Off here at once; the task ends when the home has it off too."""
         with contextlib.suppress(ValueError):
             self.consumers.remove(consumer)
         link = self.cluster.links.get(self.home)
