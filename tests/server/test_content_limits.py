@@ -390,11 +390,7 @@ def test_thousands_of_bindings_and_consumers_are_counted_and_the_alarm_holds(bro
     channels = range(1, 11)
     for ch in channels:
         c.open_channel(ch)
-    # on the declaring connection's worker at workers > 1 (client-local; the default spreads
-    # queues, and this connection, blocked by the alarm, could not follow it): consumers that
-    # cross workers cost ~2.5 KB each between the two, a local one ~130 bytes
-    c.send_method(1, commands.Queue.Declare(
-        queue="many", arguments={"x-queue-master-locator": "client-local"}))
+    c.send_method(1, commands.Queue.Declare(queue="many"))
     c.expect(commands.Queue.DeclareOk, 1)
     _publish_once(publisher)
     with pytest.raises(TimeoutError):
