@@ -12,17 +12,15 @@ its CPU and RSS are the whole process tree's), and stops the broker."""
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import urllib.request
 from pathlib import Path
+
+from hare_bench.server import Server, hare_server
 
 __all__ = ["main"]
 
@@ -30,22 +28,9 @@ __all__ = ["main"]
 def _run(workers: int, args: argparse.Namespace, root: Path) -> dict[str, float]:
     data = root / f"w{workers}"
     shutil.rmtree(data, ignore_errors=True)
-    with socket.socket() as probe:  # a free port for the management API (0 would turn it off)
-        probe.bind(("127.0.0.1", 0))
-        mgmt = probe.getsockname()[1]
-    broker = subprocess.Popen(
-        [sys.executable, "-m", "broker", "--workers", str(workers), "--port", "0",
-         "--management-port", str(mgmt), "--data-dir", str(data), *args.extra],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert broker.stdout is not None
-        line = broker.stdout.readline()
-        if "listening on port" not in line:
-            raise RuntimeError(f"broker --workers {workers} did not start")
-        url = f"amqp://guest:guest@127.0.0.1:{int(line.rsplit(' ', 1)[1])}/"
+    with hare_server(data, ["--workers", str(workers), *args.extra]) as broker:
         cmd = [sys.executable, "-c", "import sys; from hare_perf.cli import main; sys.exit(main())",
-               args.scenario, "--url", url, "--pid",
-               str(broker.pid), "--json"]
+               args.scenario, "--url", broker.url, "--pid", str(broker.pid), "--json"]
         if args.duration:
             cmd += ["--duration", str(args.duration)]
         done = subprocess.run(cmd, capture_output=True, text=True)
@@ -55,21 +40,14 @@ def _run(workers: int, args: argparse.Namespace, root: Path) -> dict[str, float]
         except ValueError:
             raise RuntimeError(f"hare-perf failed: {done.stderr[-1500:]}") from None
         median["gate_failed"] = float(done.returncode != 0)
-        median.update(_placement(mgmt))
+        median.update(_placement(broker))
         return median
-    finally:
-        broker.send_signal(signal.SIGTERM)
-        broker.wait(60)
 
 
-def _placement(port: int) -> dict[str, float]:
+def _placement(broker: Server) -> dict[str, float]:
     """Connections the workers handed over (moved) and kept although their queues were on
     another worker (stayed), summed over the workers (/api/nodes; none for one process)."""
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/api/nodes",
-        headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        rows = json.load(answer)
+    rows = broker.api("/api/nodes")
     return {"moved": float(sum(r.get("connections_moved_out", 0) for r in rows)),
             "stayed": float(sum(r.get("connections_stayed", 0) for r in rows))}
 
